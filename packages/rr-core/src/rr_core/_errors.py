@@ -29,3 +29,7 @@ class WalkError(RRError):
 
 class ReplayError(RRError):
     """Replay could not be exact: nothing armed, targets unconsumed, wrong shape or layer."""
+
+
+class RRWarning(UserWarning):
+    """A setting that does not take full effect, or a relaxed check that was skipped."""

@@ -1,0 +1,76 @@
+"""Every check of the rr monorepo. `nox` runs the default sessions; `nox -l` lists them all.
+
+Each session installs the local CPU build of torch first and constrains every later install to
+it, so no dependency can pull a multi-GB CUDA build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = ["lint", "core"]
+
+ROOT = Path(__file__).parent
+PACKAGES = ROOT / "packages"
+TORCH = "torch==2.13.0"
+ALL_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes")
+
+
+def install_with_torch(session: nox.Session, *args: str) -> None:
+    """Install torch==2.13.0 first, then ``args`` constrained to that torch."""
+    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
+    constraints.write_text(f"{TORCH}\n")
+    session.install(TORCH)
+    session.install("-c", str(constraints), *args)
+
+
+def editable(*names: str) -> list[str]:
+    """``-e packages/<name>`` arguments for pip."""
+    return [arg for name in names for arg in ("-e", str(PACKAGES / name))]
+
+
+def report_versions(session: nox.Session) -> None:
+    """Print what the session actually installed (rr doctor reads package metadata only)."""
+    session.run("rr", "doctor", success_codes=[0, 1])
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff check and format, mypy (strict on rr_core), import-linter layer contracts."""
+    install_with_torch(session, "ruff", "mypy", "import-linter", *editable(*ALL_PACKAGES))
+    report_versions(session)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    sources = [str(PACKAGES / name / "src") for name in ALL_PACKAGES]
+    session.run("mypy", *sources)
+    session.run("lint-imports")
+
+
+@nox.session(python="3.11")
+def core(session: nox.Session) -> None:
+    """rr-core tests (pytest-xdist): route batches, layout, walk, replay controller, CLI."""
+    install_with_torch(session, *editable("rr-core[test]"))
+    report_versions(session)
+    args = session.posargs or ["-n", "auto", "-q"]
+    session.run("pytest", str(PACKAGES / "rr-core" / "tests"), *args)
+
+
+@nox.session(python="3.11", default=False)
+def doctor(session: nox.Session) -> None:
+    """Install every rr package and run `rr doctor` (what is installed, what is supported)."""
+    install_with_torch(session, *editable(*ALL_PACKAGES))
+    session.run("rr", "doctor", *session.posargs)
+
+
+@nox.session(python="3.11", default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks, side by side in one run: replay_topk vs native top-k, replay bookkeeping."""
+    install_with_torch(session, *editable("rr-core"))
+    report_versions(session)
+    session.run(
+        "python", str(PACKAGES / "rr-core" / "benchmarks" / "bench_core.py"), *session.posargs
+    )

@@ -1,0 +1,96 @@
+"""``rr doctor``: which rr packages and optional dependencies are installed, and whether each
+dependency is inside the range rr supports. Reads package metadata only: importing torch_npu
+without CANN can break ``import torch``, so nothing here imports the packages it reports on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+RR_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes")
+DEPENDENCIES = ("torch", "numpy", "megatron-core", "vllm", "torch-npu", "mindspeed")
+SUPPORTED_GROUP = "rr.supported"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of the report."""
+
+    name: str
+    version: str | None  # None = not installed
+    supported: str | None  # the range rr declares, None = no rr package declares one
+    ok: bool | None  # None = nothing to judge (not installed or no range)
+
+
+def installed_version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def supported_ranges() -> dict[str, str]:
+    """Merge the ``SUPPORTED`` tables that installed rr packages publish."""
+    merged: dict[str, SpecifierSet] = {}
+    for entry in entry_points(group=SUPPORTED_GROUP):
+        table: dict[str, str] = entry.load()
+        for dist, spec in table.items():
+            merged[dist] = merged.get(dist, SpecifierSet()) & SpecifierSet(spec)
+    return {dist: str(spec) for dist, spec in merged.items()}
+
+
+def _judge(found: str | None, spec: str | None) -> bool | None:
+    if found is None or spec is None:
+        return None
+    try:
+        return SpecifierSet(spec).contains(Version(found), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return False
+
+
+def diagnose() -> list[Finding]:
+    """The report as data: rr packages first, then the optional dependencies."""
+    ranges = supported_ranges()
+    findings = [Finding(name, installed_version(name), None, None) for name in RR_PACKAGES]
+    for dist in DEPENDENCIES:
+        found, spec = installed_version(dist), ranges.get(dist)
+        findings.append(Finding(dist, found, spec, _judge(found, spec)))
+    return findings
+
+
+def render(findings: list[Finding]) -> str:
+    width = max(len(f.name) for f in findings)
+    lines = []
+    for f in findings:
+        if f.version is None:
+            state = "not installed"
+        elif f.ok is None:
+            state = f"{f.version}" + ("" if f.supported is None else f" (supported {f.supported})")
+        else:
+            verdict = "ok" if f.ok else "OUTSIDE the supported range"
+            state = f"{f.version}  {verdict} (supported {f.supported})"
+        lines.append(f"{f.name:<{width}}  {state}")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    findings = diagnose()
+    if args.json:
+        payload: dict[str, Any] = {f.name: asdict(f) for f in findings}
+        print(json.dumps(payload, indent=2))
+    else:
+        print(render(findings))
+    return 1 if any(f.ok is False for f in findings) else 0
+
+
+def register(commands: Any) -> None:
+    """Add ``rr doctor`` to the ``rr`` command (entry point ``rr.commands``)."""
+    parser = commands.add_parser("doctor", help="report installed rr packages and dependencies")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=_run)

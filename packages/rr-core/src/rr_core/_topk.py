@@ -1,0 +1,69 @@
+"""``replay_topk``: the top-k step of a router, with forced expert ids.
+
+Shapes: T tokens, E experts, K top-k.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class TopK(NamedTuple):
+    """What a router's top-k step yields: the values it keeps and the expert ids they belong to."""
+
+    values_TK: torch.Tensor
+    ids_TK: torch.Tensor
+
+
+def native_topk(scores_TE: torch.Tensor, k: int, *, values_TE: torch.Tensor | None = None) -> TopK:
+    """Plain top-k over ``scores_TE``; values come from ``values_TE`` when given (a router that
+    selects on biased scores but weights with unbiased ones)."""
+    selected, ids_TK = torch.topk(scores_TE, k, dim=-1)
+    if values_TE is None:
+        return TopK(selected, ids_TK)
+    return TopK(values_TE.gather(-1, ids_TK), ids_TK)
+
+
+def native_ids(scores_TE: torch.Tensor, k: int) -> torch.Tensor:
+    """The native top-k ids, off the autograd graph: ids carry no gradient, and a recompute
+    that skips this call must save the same tensors as the forward that made it."""
+    with torch.no_grad():
+        return torch.topk(scores_TE, k, dim=-1).indices
+
+
+def replay_topk(
+    scores_TE: torch.Tensor,
+    k: int,
+    *,
+    target_ids_TK: torch.Tensor | None = None,
+    replay_mask_T: torch.Tensor | None = None,
+    values_TE: torch.Tensor | None = None,
+    native_ids_TK: torch.Tensor | None = None,
+) -> TopK:
+    """Top-k where rows of ``replay_mask_T`` (all rows when it is None) use ``target_ids_TK``.
+
+    Values are gathered from the router's own unmasked scores at the replayed ids, so the
+    gradient reaches every replayed expert, also those the native top-k would not pick (B4).
+    Fully replayed batches skip the top-k entirely, which makes replay cheaper than routing.
+    ``native_ids_TK`` saves the top-k when the caller already computed it. Ids are checked by
+    the caller (the controller validates them once per micro-batch).
+    """
+    if target_ids_TK is None:
+        return native_topk(scores_TE, k, values_TE=values_TE)
+    source_TE = scores_TE if values_TE is None else values_TE
+    ids_TK = target_ids_TK.to(device=scores_TE.device, dtype=torch.int64, non_blocking=True)
+    if replay_mask_T is not None:
+        if native_ids_TK is None:
+            native_ids_TK = native_ids(scores_TE, k)
+        mask_T1 = replay_mask_T.to(device=scores_TE.device, non_blocking=True).unsqueeze(-1)
+        ids_TK = torch.where(mask_T1, ids_TK, native_ids_TK)
+    return TopK(source_TE.gather(-1, ids_TK), ids_TK)
+
+
+def same_sets_T(ids_a_TK: torch.Tensor, ids_b_TK: torch.Tensor) -> torch.Tensor:
+    """Per row: do both rows hold the same set of expert ids (order ignored)?"""
+    a_TK = ids_a_TK.to(torch.int64).sort(dim=-1).values
+    b_TK = ids_b_TK.to(device=a_TK.device, dtype=torch.int64).sort(dim=-1).values
+    return (a_TK == b_TK).all(dim=-1)

@@ -1,0 +1,123 @@
+"""Tiny MoE modules for rr-core's tests: real autograd, routers that call the replay hook."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from rr_core import router_topk
+
+
+class TinyRouter(nn.Module):
+    """Softmax (or sigmoid) router over E experts calling :func:`rr_core.router_topk`."""
+
+    def __init__(
+        self, hidden: int, num_experts: int, top_k: int, *, layer_number: int | None = None
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(num_experts, hidden) * 0.5)
+        self.top_k = top_k
+        if layer_number is not None:
+            self.layer_number = layer_number
+        self.last_scores_TE: torch.Tensor | None = None
+
+    def forward(self, x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores_TE = torch.softmax(x_TH @ self.weight.t(), dim=-1)
+        if scores_TE.requires_grad:
+            scores_TE.retain_grad()
+        self.last_scores_TE = scores_TE
+        out = router_topk(self, scores_TE, self.top_k)
+        return out.values_TK, out.ids_TK
+
+
+class TinyLayer(nn.Module):
+    """A decoder layer: MoE (router + linear experts) or dense (one linear)."""
+
+    def __init__(
+        self, layer_number: int, hidden: int, num_experts: int, top_k: int, *, moe: bool
+    ) -> None:
+        super().__init__()
+        self.layer_number = layer_number
+        self.router = TinyRouter(hidden, num_experts, top_k) if moe else None
+        count = num_experts if moe else 1
+        self.experts = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(count))
+        self.last_ids_TK: torch.Tensor | None = None
+
+    def forward(self, x_TH: torch.Tensor) -> torch.Tensor:
+        if self.router is None:
+            return x_TH + torch.tanh(self.experts[0](x_TH))
+        probs_TK, ids_TK = self.router(x_TH)
+        self.last_ids_TK = ids_TK
+        out_TH = torch.zeros_like(x_TH)
+        for e, expert in enumerate(self.experts):
+            weight_T = (probs_TK * (ids_TK == e)).sum(dim=-1, keepdim=True)
+            out_TH = out_TH + weight_T * torch.tanh(expert(x_TH))
+        return x_TH + out_TH
+
+
+class TinyDecoder(nn.Module):
+    def __init__(self, layers: Sequence[TinyLayer], *, recompute: str | None = None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.recompute = recompute  # None, "reentrant" or "non_reentrant"
+
+    def forward(self, x_TH: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            if self.recompute is None or not torch.is_grad_enabled():
+                x_TH = layer(x_TH)
+            else:
+                reentrant = self.recompute == "reentrant"
+                x_TH = checkpoint(layer, x_TH, use_reentrant=reentrant)
+        return x_TH
+
+
+class TinyModel(nn.Module):
+    """``decoder`` plus an optional ``mtp`` block whose layers restart numbering at 1 (A4)."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int = 3,
+        moe: Sequence[bool] | None = None,
+        hidden: int = 8,
+        num_experts: int = 6,
+        top_k: int = 2,
+        first_layer_number: int = 1,
+        mtp_layers: int = 0,
+        recompute: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        pattern = list(moe) if moe is not None else [True] * num_layers
+        self.embed = nn.Linear(hidden, hidden)  # its output carries grad into checkpointed layers
+        self.decoder = TinyDecoder(
+            [
+                TinyLayer(first_layer_number + i, hidden, num_experts, top_k, moe=is_moe)
+                for i, is_moe in enumerate(pattern)
+            ],
+            recompute=recompute,
+        )
+        self.mtp = (
+            TinyDecoder(
+                [TinyLayer(i + 1, hidden, num_experts, top_k, moe=True) for i in range(mtp_layers)]
+            )
+            if mtp_layers
+            else None
+        )
+
+    def forward(self, x_TH: torch.Tensor) -> torch.Tensor:
+        out_TH = self.decoder(self.embed(x_TH))
+        if self.mtp is not None:
+            out_TH = out_TH + 0.1 * self.mtp(out_TH)
+        return out_TH
+
+    def moe_layers(self) -> list[TinyLayer]:
+        return [layer for layer in self.decoder.layers if layer.router is not None]
+
+    def routed_ids(self) -> torch.Tensor:
+        """``[T, L_moe, K]``: the ids each MoE layer used in the last forward."""
+        return torch.stack([layer.last_ids_TK for layer in self.moe_layers()], dim=1)

@@ -1,0 +1,6 @@
+"""Version ranges this package supports, as plain data: docs, `rr doctor` and the nox matrix
+read them from here."""
+
+from __future__ import annotations
+
+SUPPORTED: dict[str, str] = {"megatron-core": ">=0.12,<0.20"}
