@@ -52,11 +52,12 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def core(session: nox.Session) -> None:
-    """rr-core tests (pytest-xdist): route batches, layout, walk, replay controller, CLI."""
-    install_with_torch(session, *editable("rr-core[test]"))
+    """rr-core and rr-fakes tests (pytest-xdist), torch only: no megatron, no vllm."""
+    install_with_torch(session, *editable("rr-core[test]", "rr-fakes"))
     report_versions(session)
     args = session.posargs or ["-n", "auto", "-q"]
-    session.run("pytest", str(PACKAGES / "rr-core" / "tests"), *args)
+    tests = [str(PACKAGES / name / "tests") for name in ("rr-core", "rr-fakes")]
+    session.run("pytest", *tests, *args)
 
 
 @nox.session(python="3.11", default=False)
