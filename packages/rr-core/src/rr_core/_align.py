@@ -1,0 +1,117 @@
+"""R3 alignment: put engine routes on the trainer's token rows, with a mask of rows to replay.
+
+Shape legend: N rows returned by the engine, T tokens of one sequence, L layer slots, K top-k.
+Row t holds the experts chosen when token t was the input. Engines return rows from
+``prompt_start`` onwards and none for the last sampled token, which was never fed back (D1); such
+rows are left to the native router (mask False, ids zero), never replayed as expert 0.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import torch
+
+from rr_core._errors import AlignmentError, RouteValidationError
+from rr_core._validate import ArrayLike, as_int_tensor, is_integer_dtype
+
+
+def _routes_3d(routes: ArrayLike, what: str) -> torch.Tensor:
+    t = as_int_tensor(routes, what)
+    if t.dim() != 3:
+        raise RouteValidationError(f"{what} must be 3-D [rows, L, K]; got {tuple(t.shape)}")
+    return t
+
+
+def _check_mask(routes_TLK: torch.Tensor, mask_T: torch.Tensor) -> None:
+    if mask_T.dtype != torch.bool or tuple(mask_T.shape) != (routes_TLK.shape[0],):
+        raise AlignmentError(
+            f"mask_T must be bool [T={routes_TLK.shape[0]}] like the routes' rows; got shape "
+            f"{tuple(mask_T.shape)}, dtype {mask_T.dtype}"
+        )
+
+
+def align_routes(
+    routes_NLK: ArrayLike, num_tokens: int, *, prompt_start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(routes_TLK, replay_mask_T)`` for a sequence of ``num_tokens`` tokens.
+
+    Accepts ``N = T - prompt_start - 1`` (the engine's contract) or ``N = T - prompt_start`` (a
+    route for every token); rows before ``prompt_start`` and a missing last row are invalid.
+    """
+    routes = _routes_3d(routes_NLK, "routes_NLK")
+    T, ps, N = operator.index(num_tokens), operator.index(prompt_start), routes.shape[0]
+    if T < 0 or not 0 <= ps <= T:
+        raise AlignmentError(
+            f"need num_tokens >= 0 and prompt_start in [0, num_tokens]; got num_tokens={T}, "
+            f"prompt_start={ps}"
+        )
+    accepted = [n for n in (T - ps - 1, T - ps) if n >= 0]
+    if N not in accepted:
+        raise AlignmentError(
+            f"engine returned N={N} route rows for T={T} tokens with prompt_start={ps}; expected "
+            f"{' or '.join(map(str, accepted))} (T - prompt_start - 1 without the last sampled "
+            "token, or T - prompt_start); routes and tokens belong to different sequences or "
+            "were trimmed differently (D1, D7)"
+        )
+    _, L, K = routes.shape
+    routes_TLK = routes.new_zeros((T, L, K))
+    routes_TLK[ps : ps + N] = routes
+    mask_T = torch.zeros(T, dtype=torch.bool, device=routes.device)
+    mask_T[ps : ps + N] = True
+    return routes_TLK, mask_T
+
+
+def truncate_routes(
+    routes_TLK: torch.Tensor, mask_T: torch.Tensor, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of the first ``num_tokens`` rows, for a response truncated after generation (D7)."""
+    _check_mask(routes_TLK, mask_T)
+    T, n = routes_TLK.shape[0], operator.index(num_tokens)
+    if not 0 <= n <= T:
+        raise AlignmentError(
+            f"cannot truncate {T} route rows to num_tokens={n}: truncation keeps 0..{T} rows and "
+            "never extends; routes for extra tokens must come from the engine"
+        )
+    return routes_TLK[:n], mask_T[:n]
+
+
+def pad_rows(
+    routes_TLK: torch.Tensor, mask_T: torch.Tensor, multiple: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad at the end to a multiple of ``multiple`` rows (sequence-parallel alignment, D5).
+
+    Real rows keep their positions; padded rows are zero and invalid.
+    """
+    _check_mask(routes_TLK, mask_T)
+    m = operator.index(multiple)
+    if m < 1:
+        raise AlignmentError(f"multiple must be >= 1; got {m}")
+    T, L, K = routes_TLK.shape
+    pad = -T % m
+    if pad == 0:
+        return routes_TLK, mask_T
+    routes = torch.cat([routes_TLK, routes_TLK.new_zeros((pad, L, K))])
+    return routes, torch.cat([mask_T, mask_T.new_zeros(pad)])
+
+
+def replay_mask_for_lengths(
+    lengths: torch.Tensor | Sequence[int], *, missing_last: bool = True
+) -> torch.Tensor:
+    """``[N]`` validity of a packed batch of sequences with these lengths; with ``missing_last``
+    each non-empty sequence's last row (the last sampled token, D1) is invalid."""
+    if isinstance(lengths, torch.Tensor):
+        lens = lengths
+    else:  # an empty list would become float32
+        lens = torch.tensor(list(lengths)) if len(lengths) else torch.zeros(0, dtype=torch.int64)
+    if lens.dim() != 1 or not is_integer_dtype(lens.dtype):
+        raise AlignmentError(f"lengths must be a 1-D integer sequence; got {lens}")
+    lens = lens.to(torch.int64)
+    if bool((lens < 0).any()):
+        raise AlignmentError(f"lengths must be >= 0; got {lens.tolist()}")
+    ends = torch.cumsum(lens, 0)
+    mask_N = torch.ones(int(ends[-1]) if lens.numel() else 0, dtype=torch.bool, device=lens.device)
+    if missing_last:
+        mask_N[ends[lens > 0] - 1] = False
+    return mask_N

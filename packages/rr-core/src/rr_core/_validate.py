@@ -1,0 +1,299 @@
+"""Checks on route data; each error names sequence, token row, layer number and the ids.
+
+Shape legend: N total token rows, R rows of one block, B sequences, S padded length, L layer slots,
+M MoE slots, K top-k. The checks are vectorised over blocks of rows; only the first offending row
+is located (on the host) for the message.
+"""
+
+from __future__ import annotations
+
+import operator
+from bisect import bisect_right
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from rr_core._axis import LAYER_AXES
+from rr_core._errors import LayoutError, RouteValidationError
+
+if TYPE_CHECKING:
+    from rr_core._routes import RouteMeta
+
+ArrayLike = torch.Tensor | npt.NDArray[Any]
+
+# torch supports few operations on these; widen them (exactly) before anything else touches them.
+_WIDEN = {torch.uint16: torch.int32, torch.uint32: torch.int64, torch.uint64: torch.int64}
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    return dtype != torch.bool and not dtype.is_floating_point and not dtype.is_complex
+
+
+def as_tensor(x: ArrayLike, what: str) -> torch.Tensor:
+    """A torch view of ``x``; numpy arrays torch cannot share (read-only, byte-swapped, negatively
+    strided) are copied first, since ``torch.from_numpy`` would alias or reject them."""
+    if isinstance(x, np.ndarray):
+        if not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))
+        elif not x.flags.writeable or any(s < 0 for s in x.strides):
+            x = x.copy()
+        return torch.from_numpy(x)
+    if not isinstance(x, torch.Tensor):
+        raise RouteValidationError(f"{what} must be a torch.Tensor or numpy array; got {type(x)}")
+    return x
+
+
+def as_int_tensor(x: ArrayLike, what: str) -> torch.Tensor:
+    """:func:`as_tensor` for integer data, with wide unsigned dtypes widened to signed ones."""
+    t = as_tensor(x, what)
+    if not is_integer_dtype(t.dtype):
+        raise RouteValidationError(f"{what} must have an integer dtype; got {t.dtype}")
+    return t.to(_WIDEN[t.dtype]) if t.dtype in _WIDEN else t
+
+
+def as_bool(x: ArrayLike, what: str) -> torch.Tensor:
+    t = as_tensor(x, what)
+    if t.dtype != torch.bool:
+        raise RouteValidationError(f"{what} must be a bool mask; got {t.dtype}")
+    return t
+
+
+def _ints(name: str, values: Any) -> tuple[int, ...]:
+    try:
+        return tuple(operator.index(v) for v in values)
+    except TypeError as e:
+        raise LayoutError(f"RouteMeta.{name} must hold integers; got {values!r}") from e
+
+
+def check_meta(meta: RouteMeta) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Checked ``(layer_numbers, moe_layer_numbers)``, the latter None when it names every slot."""
+    e, k = meta.num_experts, meta.top_k
+    if isinstance(e, bool) or not isinstance(e, int) or e < 1:
+        raise RouteValidationError(f"RouteMeta.num_experts must be an int >= 1; got {e!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= e:
+        raise RouteValidationError(
+            f"RouteMeta.top_k must be an int in [1, num_experts={e}]; got {k!r}"
+        )
+    if meta.layer_axis not in LAYER_AXES:
+        raise LayoutError(
+            f"RouteMeta.layer_axis must be one of {LAYER_AXES}; got {meta.layer_axis!r}"
+        )
+    layers = _ints("layer_numbers", meta.layer_numbers)
+    if not layers or layers[0] < 1 or any(b <= a for a, b in pairwise(layers)):
+        raise LayoutError(
+            "RouteMeta.layer_numbers must be non-empty, 1-based and strictly increasing; got "
+            f"{layers}"
+        )
+    if meta.layer_axis == "all_layers" and layers[-1] - layers[0] + 1 != len(layers):
+        raise LayoutError(
+            "on the all_layers axis every decoder layer has a slot, so layer_numbers must be "
+            f"consecutive; got {layers} (use the moe_layers axis for a subset)"
+        )
+    raw = meta.moe_layer_numbers
+    moe = layers if raw is None else _ints("moe_layer_numbers", raw)
+    if not moe or any(b <= a for a, b in pairwise(moe)) or not set(moe) <= set(layers):
+        raise LayoutError(
+            "RouteMeta.moe_layer_numbers must be a non-empty, strictly increasing subset of "
+            f"layer_numbers {layers}; got {moe}"
+        )
+    if meta.layer_axis == "moe_layers" and moe != layers:
+        raise LayoutError(
+            "on the moe_layers axis every slot is an MoE layer, so moe_layer_numbers must equal "
+            f"layer_numbers {layers}; got {moe}"
+        )
+    return layers, None if moe == layers else moe
+
+
+def check_padded(values_BSLK: torch.Tensor, mask_BS: torch.Tensor, valid_BS: torch.Tensor) -> None:
+    """Padded routes, token mask and validity agree, and no padding position claims a route."""
+    if values_BSLK.dim() != 4 or mask_BS.dim() != 2 or values_BSLK.shape[:2] != mask_BS.shape:
+        raise RouteValidationError(
+            f"padded routes must be [B, S, L, K] with token_mask_BS [B, S]; got "
+            f"{tuple(values_BSLK.shape)} and {tuple(mask_BS.shape)}"
+        )
+    if valid_BS.shape != mask_BS.shape:
+        raise RouteValidationError(
+            f"valid_BS has shape {tuple(valid_BS.shape)}; token_mask_BS has {tuple(mask_BS.shape)}"
+        )
+    stray_BS = valid_BS & ~mask_BS
+    if bool(stray_BS.any()):
+        b, s = _first(stray_BS)
+        raise RouteValidationError(
+            f"valid_BS marks padding as a route: sequence {b}, position {s} is not a token in "
+            "token_mask_BS; padding rows must be invalid"
+        )
+
+
+def check_structure(
+    values_NLK: torch.Tensor, offsets_B1: torch.Tensor, valid_N: torch.Tensor, meta: RouteMeta
+) -> None:
+    """Shapes, dtypes and offsets agree with each other and with ``meta``."""
+    if values_NLK.dim() != 3:
+        raise RouteValidationError(
+            f"route values must be 3-D [N, L, K]; got shape {tuple(values_NLK.shape)}"
+        )
+    if not is_integer_dtype(values_NLK.dtype):
+        raise RouteValidationError(f"route values must be integer ids; got {values_NLK.dtype}")
+    N, L, K = values_NLK.shape
+    if len(meta.layer_numbers) != L:
+        raise RouteValidationError(
+            f"route values have L={L} layer slots but meta.layer_numbers has "
+            f"{len(meta.layer_numbers)} on the {meta.layer_axis} axis "
+            f"(layers {meta.layer_numbers[0]}..{meta.layer_numbers[-1]}); fix the meta or "
+            "convert the routes with to_layer_axis"
+        )
+    if meta.top_k != K:
+        raise RouteValidationError(f"route values have K={K} ids per row; meta.top_k={meta.top_k}")
+    if offsets_B1.dim() != 1 or offsets_B1.numel() < 1 or offsets_B1.dtype != torch.int64:
+        raise RouteValidationError(
+            f"offsets_B1 must be a non-empty 1-D int64 tensor [B+1]; got shape "
+            f"{tuple(offsets_B1.shape)}, dtype {offsets_B1.dtype}"
+        )
+    offsets = offsets_B1.tolist()
+    if offsets[0] != 0 or offsets[-1] != N:
+        raise RouteValidationError(
+            f"offsets_B1 must start at 0 and end at N={N} (the number of rows); got "
+            f"{offsets[0]}..{offsets[-1]}"
+        )
+    shrink_B = offsets_B1.diff() < 0
+    if bool(shrink_B.any()):
+        b = int(shrink_B.nonzero()[0])
+        raise RouteValidationError(
+            f"offsets_B1 decrease at sequence {b}: {offsets[b]} -> {offsets[b + 1]}; offsets "
+            "must not decrease"
+        )
+    if valid_N.dtype != torch.bool or tuple(valid_N.shape) != (N,):
+        raise RouteValidationError(
+            f"valid_N must be a bool tensor [N={N}]; got shape {tuple(valid_N.shape)}, "
+            f"dtype {valid_N.dtype}"
+        )
+    if not (values_NLK.device == offsets_B1.device == valid_N.device):
+        raise RouteValidationError(
+            f"values, offsets and valid must share a device; got {values_NLK.device}, "
+            f"{offsets_B1.device}, {valid_N.device}"
+        )
+
+
+def _where(offsets: list[int], row: int) -> str:
+    b = bisect_right(offsets, row) - 1
+    return f"sequence {b}, token row {row - offsets[b]} (global row {row})"
+
+
+def _first(mask: torch.Tensor) -> list[int]:
+    return [int(i) for i in mask.nonzero()[0]]
+
+
+class _Hits:
+    """First offending (row, slot) and the count of offending row-slot pairs, across blocks."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, int] | None = None
+        self.count = 0
+
+    def add(self, bad_RX: torch.Tensor, start: int) -> None:
+        n = int(bad_RX.sum())
+        if n and self.first is None:
+            row, slot = _first(bad_RX)
+            self.first = (start + row, slot)
+        self.count += n
+
+
+def _out_of_range(values_RMK: torch.Tensor, num_experts: int) -> torch.Tensor | None:
+    """Ids outside ``[0, E)``, compared in the values' own dtype (a scalar the dtype cannot hold
+    would wrap), or None where the dtype cannot hold such an id at all."""
+    info = torch.iinfo(values_RMK.dtype)
+    bad: torch.Tensor | None = values_RMK < 0 if info.min < 0 else None
+    if num_experts - 1 < info.max:
+        high = values_RMK >= num_experts
+        bad = high if bad is None else bad | high
+    return bad
+
+
+# Rows are checked in blocks of about this many ids, so the boolean temporaries of a
+# multi-gigabyte batch stay small.
+_BLOCK_IDS = 1 << 24
+
+
+def check_ids(
+    values_NLK: torch.Tensor,
+    offsets_B1: torch.Tensor,
+    valid_N: torch.Tensor,
+    meta: RouteMeta,
+    *,
+    allow_all_zero: bool = False,
+) -> None:
+    """Dense slots hold zeros on every row; on valid rows each MoE slot holds K distinct ids in
+    ``[0, E)``; no MoE slot is zero on every valid row of a sequence (E1) unless allowed.
+
+    Errors are reported in that order, E1 before repeats since a zero row also repeats id 0.
+    """
+    N, L, K = values_NLK.shape
+    if N == 0:
+        return
+    offsets, B = offsets_B1.tolist(), offsets_B1.numel() - 1
+    layers, E, dev = meta.layer_numbers, meta.num_experts, values_NLK.device
+    dense, moe = meta.dense_slots, meta.moe_slots
+    dense_idx, moe_idx = torch.tensor(dense, device=dev), torch.tensor(moe, device=dev)
+    seq_N = torch.repeat_interleave(torch.arange(B, device=dev), offsets_B1.diff(), output_size=N)
+    routed_BM = torch.zeros(B, len(moe), dtype=torch.int64, device=dev)
+    nonzero, outside, repeated = _Hits(), _Hits(), _Hits()
+    step = max(1, _BLOCK_IDS // (L * K))
+    for start in range(0, N, step):
+        block_RLK, valid_R1 = values_NLK[start : start + step], valid_N[start : start + step, None]
+        if dense:
+            nonzero.add((block_RLK.index_select(1, dense_idx) != 0).any(-1), start)
+        v_RMK = block_RLK if len(moe) == L else block_RLK.index_select(1, moe_idx)
+        bad_RMK = _out_of_range(v_RMK, E)
+        if bad_RMK is not None:
+            outside.add(bad_RMK.any(-1) & valid_R1, start)
+        routed_RM = (v_RMK != 0).any(-1) & valid_R1
+        routed_BM.index_add_(0, seq_N[start : start + step], routed_RM.to(torch.int64))
+        if K > 1:
+            s_RMK = v_RMK.sort(dim=-1).values
+            repeated.add((s_RMK[..., 1:] == s_RMK[..., :-1]).any(-1) & valid_R1, start)
+
+    if nonzero.first is not None:
+        row, j = nonzero.first
+        slot = dense[j]
+        raise RouteValidationError(
+            f"{_where(offsets, row)}, layer {layers[slot]} (slot {slot}, dense): ids "
+            f"{values_NLK[row, slot].tolist()} are non-zero, but a dense layer has no route and "
+            f"must hold zeros; {nonzero.count} row-layer pair(s) affected. The layer axis is "
+            "probably shifted or meta.moe_layer_numbers is wrong"
+        )
+    if outside.first is not None:
+        row, j = outside.first
+        raise RouteValidationError(
+            f"{_where(offsets, row)}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids "
+            f"{values_NLK[row, moe[j]].tolist()} are outside [0, {E}) for num_experts={E}; "
+            f"{outside.count} row-layer pair(s) affected. Physical instead of logical ids (E2), "
+            "or a wrong num_experts?"
+        )
+    if not allow_all_zero:
+        valid_B = torch.zeros(B, dtype=torch.int64, device=dev)
+        valid_B.index_add_(0, seq_N, valid_N.to(torch.int64))
+        dead_BM = (routed_BM == 0) & (valid_B > 0)[:, None]
+        if bool(dead_BM.any()):
+            b, j = _first(dead_BM)
+            first = int(valid_N[offsets[b] : offsets[b + 1]].nonzero()[0])
+            hint = (
+                ", or pass allow_all_zero=True if these routes are genuine"
+                if K == 1
+                else f" (with top_k={K} a zero row repeats id 0, so it cannot be a real route)"
+            )
+            raise RouteValidationError(
+                f"sequence {b}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids are all zero "
+                f"on all {int(valid_B[b])} valid rows (from token row {first}), the signature of "
+                f"a capture that zero-filled its routes (E1); {int(dead_BM.sum())} "
+                f"sequence-layer pair(s) affected. Fix the capture{hint}"
+            )
+    if repeated.first is not None:
+        row, j = repeated.first
+        raise RouteValidationError(
+            f"{_where(offsets, row)}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids "
+            f"{values_NLK[row, moe[j]].tolist()} repeat an id; a valid row needs top_k={K} "
+            f"distinct ids; {repeated.count} row-layer pair(s) affected"
+        )

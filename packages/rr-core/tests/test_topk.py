@@ -1,0 +1,65 @@
+"""replay_topk on its own: exact ids, values from the router's scores, gradients (B4)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rr_core import native_topk, replay_topk, same_sets_T
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    t=st.integers(1, 32),
+    e=st.integers(2, 64),
+    data=st.data(),
+)
+def test_replay_yields_exactly_the_targets_with_values_from_the_scores(
+    t: int, e: int, data: st.DataObject
+) -> None:
+    k = data.draw(st.integers(1, e))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    logits = torch.randn(t, e, generator=g, requires_grad=True)
+    scores = torch.softmax(logits, dim=-1)
+    targets = (
+        torch.rand(t, e, generator=g)
+        .topk(k, dim=-1)
+        .indices.to(torch.uint8 if e <= 256 else torch.int16)
+    )
+    mask = torch.rand(t, generator=g) < 0.7
+    out = replay_topk(scores, k, target_ids_TK=targets, replay_mask_T=mask)
+    native = native_topk(scores, k)
+    assert torch.equal(out.ids_TK[mask], targets[mask].long())
+    assert torch.equal(out.ids_TK[~mask], native.ids_TK[~mask])
+    assert torch.equal(out.values_TK, scores.gather(1, out.ids_TK))
+    out.values_TK.sum().backward()
+    assert logits.grad is not None
+
+
+def test_B4_gradient_reaches_replayed_experts_the_native_router_did_not_pick() -> None:
+    logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]], requires_grad=True)
+    scores = torch.softmax(logits, dim=-1)
+    scores.retain_grad()
+    out = replay_topk(scores, 2, target_ids_TK=torch.tensor([[2, 3]]))
+    out.values_TK.sum().backward()
+    assert bool((scores.grad[0, [2, 3]] != 0).all())
+    # Gathering from top-k-masked scores (the field bug) would give zeros at 2 and 3.
+    masked = torch.zeros_like(scores).scatter(1, native_topk(scores, 2).ids_TK, scores)
+    assert bool((masked.gather(1, torch.tensor([[2, 3]])) == 0).all())
+
+
+def test_values_from_unbiased_scores_when_selection_is_biased() -> None:
+    scores = torch.tensor([[0.1, 0.5, 0.4]])
+    biased = scores + torch.tensor([1.0, 0.0, 0.0])
+    native = native_topk(biased, 1, values_TE=scores)
+    assert native.ids_TK.tolist() == [[0]]
+    assert torch.equal(native.values_TK, scores[:, [0]])
+    replayed = replay_topk(biased, 1, target_ids_TK=torch.tensor([[2]]), values_TE=scores)
+    assert torch.equal(replayed.values_TK, scores[:, [2]])
+
+
+def test_same_sets_ignores_order() -> None:
+    a = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    b = torch.tensor([[3, 1, 2], [1, 2, 4]], dtype=torch.uint8)
+    assert same_sets_T(a, b).tolist() == [True, False]
