@@ -365,3 +365,42 @@ def test_arm_rejects_malformed_inputs(controller: ReplayController) -> None:
         controller.arm(0, random_routes(3, 2), layer_numbers=[1, 1])
     with pytest.raises(ReplayError, match="not attached"):
         controller.route(TinyModel(num_layers=1).moe_layers()[0].router, torch.rand(2, E), K)
+
+
+def test_A2_routes_on_either_layer_axis_reach_the_right_routers(
+    controller: ReplayController,
+) -> None:
+    """Dense-first model: engines send all layers (dense slots zero), the trainer has routers
+    on MoE layers only. Both axes arm the same routers; a mislabelled axis raises."""
+    model = TinyModel(num_layers=4, moe=[False, True, False, True])
+    layers = controller.attach(model)
+    assert layers == (2, 4)
+    controller.set_mode(ReplayMode.REPLAY)
+    moe_routes = random_routes(3, 2)
+    all_routes = torch.zeros(3, 4, K, dtype=torch.uint8)
+    all_routes[:, [1, 3]] = moe_routes
+    for mb, (routes, numbers) in enumerate([(moe_routes, (2, 4)), (all_routes, (1, 2, 3, 4))]):
+        controller.arm(mb, routes, layer_numbers=numbers)
+        with controller.microbatch(mb):
+            model(tokens(3))
+        assert torch.equal(model.routed_ids(), moe_routes.long())
+    controller.end_step()
+    with pytest.raises(ReplayError, match=r"routers on layers \[4\] that they do not cover"):
+        controller.arm(0, moe_routes, layer_numbers=(1, 2))  # MoE axis numbered 1..M
+
+
+def test_D5_sequence_parallel_padding_rows_route_natively_and_real_rows_do_not_shift(
+    controller: ReplayController,
+) -> None:
+    from rr_core import pad_rows
+
+    model = TinyModel(num_layers=2)
+    layers = controller.attach(model)
+    controller.set_mode(ReplayMode.REPLAY)
+    routes = random_routes(5, 2)
+    padded, mask = pad_rows(routes, torch.ones(5, dtype=torch.bool), 4)
+    assert padded.shape[0] == 8
+    controller.arm(0, padded, layer_numbers=layers, replay_mask_T=mask)
+    model(tokens(8))
+    controller.end_step()
+    assert torch.equal(model.routed_ids()[:5], routes.long())
