@@ -404,3 +404,37 @@ def test_D5_sequence_parallel_padding_rows_route_natively_and_real_rows_do_not_s
     model(tokens(8))
     controller.end_step()
     assert torch.equal(model.routed_ids()[:5], routes.long())
+
+
+def test_arm_batch_replays_a_packed_route_batch(controller: ReplayController) -> None:
+    from rr_core import RouteBatch, RouteMeta
+
+    model = TinyModel(num_layers=3, moe=[False, True, True])
+    layers = controller.attach(model)
+    meta = RouteMeta(
+        num_experts=E,
+        top_k=K,
+        layer_axis="all_layers",
+        layer_numbers=(1, 2, 3),
+        moe_layer_numbers=(2, 3),
+    )
+    seqs = []
+    for seed, t in ((1, 3), (2, 4)):
+        routes = torch.zeros(t, 3, K, dtype=torch.uint8)
+        routes[:, 1:] = random_routes(t, 2, seed)
+        seqs.append(routes)
+    batch = RouteBatch.from_sequences(
+        seqs, meta, valid=[torch.tensor([True, True, False]), torch.ones(4, dtype=torch.bool)]
+    )
+    controller.set_mode(ReplayMode.REPLAY)
+    controller.arm_batch(0, batch)
+    model(tokens(7))
+    controller.end_step()
+    used = model.routed_ids()
+    packed = torch.cat(seqs)[:, 1:].long()
+    keep = batch.valid_N
+    assert torch.equal(used[keep], packed[keep])
+    other = RouteBatch.from_sequences(seqs, meta.__class__(**{**meta.__dict__, "num_experts": 7}))
+    with pytest.raises(ReplayError, match="captured with E=7, K=2; this model has E=6"):
+        controller.arm_batch(1, other)
+    assert layers == (2, 3)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from rr_core._errors import ReplayError, RRWarning
+from rr_core._routes import RouteBatch
 from rr_core._targets import check_target_ids
 from rr_core._topk import TopK, native_ids, native_topk, replay_topk, same_sets_T
 from rr_core._walk import RouterPredicate, decoder_scope, is_router_by_name, walk_routers
@@ -227,6 +228,23 @@ class ReplayController:
             )
         consumed = [False] * len(self._routers)
         self._armed[microbatch] = _Armed(routes_TLK, slot_of_router, replay_mask_T, consumed)
+
+    def arm_batch(self, microbatch: Hashable, batch: RouteBatch) -> None:
+        """Arm a validated :class:`RouteBatch` whose sequences, concatenated, are the tokens the
+        routers see (packed/THD order); rows without a route go to the native router."""
+        meta = batch.meta
+        if (meta.num_experts, meta.top_k) != (self.num_experts, self.top_k):
+            raise ReplayError(
+                f"micro-batch {microbatch!r}: routes were captured with E={meta.num_experts}, "
+                f"K={meta.top_k}; this model has E={self.num_experts}, K={self.top_k}"
+            )
+        self.arm(
+            microbatch,
+            batch.values_NLK,
+            layer_numbers=meta.layer_numbers,
+            replay_mask_T=batch.valid_N,
+            validate=False,  # a RouteBatch is validated when it is built
+        )
 
     def _slot_map(self, layer_numbers: tuple[int, ...]) -> tuple[int, ...]:
         slot = {layer: i for i, layer in enumerate(layer_numbers)}
