@@ -1,0 +1,342 @@
+"""Decoding the routed experts that vLLM and SGLang return into per-sample routes.
+
+Shape legend: T tokens of a sample (prompt + generated), N rows the engine returned, L layer slots
+on rr_core's ``all_layers`` axis, M MoE slots, K top-k, P prompt tokens, G generated tokens.
+
+Row ``i`` of an engine array is token ``prompt_start + i``, routed when that token was the input;
+the last sampled token has no row (``vllm-facts.md``). Every era comes out the same way: a
+:class:`SampleRoutes` whose ``routes_TLK`` holds the rows at their token positions (zeros
+elsewhere) and whose ``valid_T`` marks the rows that carry a route. Placing the rows is the one
+copy of the payload; read-only and non-contiguous inputs are never written to.
+
+Formats:
+
+- vLLM 0.14-0.20, 0.22-0.31, 0.32+: ``CompletionOutput.routed_experts`` ``[N, L, K]`` (int32, or
+  uint8 / uint16 from 0.22) with ``N = T - 1 - prompt_start``;
+- vLLM 0.21: ``RequestOutput.prompt_routed_experts`` ``[P, M, K]`` plus the generation rows
+  ``CompletionOutput.routed_experts`` ``[G-1, M, K]`` (int16, MoE layers only); rows of -1 were
+  served from the prefix cache and become invalid rows; both are None after preemption;
+- vLLM over HTTP: ``choices[i].routed_experts``, the base64 of a ``.npy`` file;
+- SGLang: ``meta_info["routed_experts"]``, the base64 of raw int32 ``[N, L, K]`` in C order.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from rr_core import RouteMeta
+from rr_vllm._errors import EngineOutputError
+from rr_vllm._validate import check_missing, check_row_count, is_aborted
+
+AbortPolicy = Literal["mask", "drop"]
+IntArray = npt.NDArray[np.integer[Any]]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SampleRoutes:
+    """Routes of one sample on the ``all_layers`` axis.
+
+    ``routes_TLK`` has a row for every token (zeros where ``valid_T`` is False: before
+    ``prompt_start``, the last sampled token, prefix-cached rows of vLLM 0.21, every row of a
+    masked aborted request). Its dtype is the engine's.
+    """
+
+    routes_TLK: IntArray
+    valid_T: BoolArray
+    num_prompt_tokens: int
+    prompt_start: int
+    finish_reason: str | None
+
+    @property
+    def aborted(self) -> bool:
+        return is_aborted(self.finish_reason)
+
+
+def _compact_dtype(num_experts: int) -> np.dtype[Any]:
+    return np.dtype(np.uint8) if num_experts <= 256 else np.dtype(np.int16)
+
+
+def _as_rows(value: Any, what: str) -> IntArray:
+    """A numpy view of an engine's routes (numpy, or a CPU torch tensor), checked to be 3-D
+    integer data; nothing is copied."""
+    if not isinstance(value, np.ndarray) and hasattr(value, "numpy"):
+        value = value.detach().cpu().numpy() if hasattr(value, "detach") else value.numpy()
+    array = np.asarray(value)
+    if array.ndim != 3 or array.dtype.kind not in "iu":
+        raise EngineOutputError(
+            f"{what} must be an integer [rows, layers, top_k] array; got dtype {array.dtype}, "
+            f"shape {array.shape}"
+        )
+    return array
+
+
+def _masked(meta: RouteMeta, p: int, t: int, prompt_start: int, reason: str | None) -> SampleRoutes:
+    L, K = len(meta.layer_numbers), meta.top_k
+    return SampleRoutes(
+        routes_TLK=np.zeros((t, L, K), dtype=_compact_dtype(meta.num_experts)),
+        valid_T=np.zeros(t, dtype=bool),
+        num_prompt_tokens=p,
+        prompt_start=prompt_start,
+        finish_reason=reason,
+    )
+
+
+def _place(
+    blocks: Sequence[IntArray],
+    meta: RouteMeta,
+    *,
+    moe_only: bool,
+    num_prompt_tokens: int,
+    num_tokens: int,
+    prompt_start: int,
+    finish_reason: str | None,
+    what: str,
+) -> SampleRoutes:
+    """Lay consecutive row blocks out at their token positions (the one copy)."""
+    L, K = len(meta.layer_numbers), meta.top_k
+    slots = list(meta.moe_slots)
+    width = len(slots) if moe_only else L
+    for b in blocks:
+        if b.shape[1:] != (width, K):
+            axis = f"{width} MoE layers" if moe_only else f"all {L} decoder layers"
+            raise EngineOutputError(
+                f"{what}: routes have shape {b.shape}; expected [rows, {width}, {K}] ({axis}, "
+                f"top_k={K} from the meta); wrong model config, or an array of another era"
+            )
+    n = sum(b.shape[0] for b in blocks)
+    check_row_count(n, num_tokens, prompt_start)
+    dtype = np.result_type(*blocks) if blocks else _compact_dtype(meta.num_experts)
+    routes_TLK = np.zeros((num_tokens, L, K), dtype=dtype)
+    valid_T = np.zeros(num_tokens, dtype=bool)
+    row = prompt_start
+    for b in blocks:
+        rows = slice(row, row + b.shape[0])
+        if moe_only:
+            routes_TLK[rows, slots] = b
+        else:
+            routes_TLK[rows] = b
+        valid_T[rows] = True
+        if moe_only and dtype.kind == "i" and b.size:
+            cached_R = (b == -1).all(axis=(1, 2))  # 0.21: served from the prefix cache
+            valid_T[rows][cached_R] = False
+            routes_TLK[rows][cached_R] = 0
+        row += b.shape[0]
+    return SampleRoutes(
+        routes_TLK=routes_TLK,
+        valid_T=valid_T,
+        num_prompt_tokens=num_prompt_tokens,
+        prompt_start=prompt_start,
+        finish_reason=finish_reason,
+    )
+
+
+def _check_policy(on_abort: str) -> None:
+    if on_abort not in ("mask", "drop"):
+        raise ValueError(f"on_abort must be 'mask' or 'drop'; got {on_abort!r}")
+
+
+def decode_routes_array(
+    routes: Any,
+    meta: RouteMeta,
+    *,
+    num_prompt_tokens: int,
+    num_generated_tokens: int,
+    prompt_start: int = 0,
+    finish_reason: str | None = None,
+    on_abort: AbortPolicy = "mask",
+    what: str = "routes",
+) -> SampleRoutes | None:
+    """One all-layers ``[N, L, K]`` array (or None) of a sample with P prompt and G generated
+    tokens. An aborted sample (``finish_reason == "abort"``) is masked (every row invalid) or
+    dropped (None); otherwise None routes raise (D3)."""
+    _check_policy(on_abort)
+    p, t = num_prompt_tokens, num_prompt_tokens + num_generated_tokens
+    if is_aborted(finish_reason):
+        return None if on_abort == "drop" else _masked(meta, p, t, prompt_start, finish_reason)
+    if routes is None:
+        check_missing(what, finish_reason)
+    return _place(
+        [_as_rows(routes, what)],
+        meta,
+        moe_only=False,
+        num_prompt_tokens=p,
+        num_tokens=t,
+        prompt_start=prompt_start,
+        finish_reason=finish_reason,
+        what=what,
+    )
+
+
+def decode_vllm_output(
+    request_output: Any,
+    meta: RouteMeta,
+    *,
+    prompt_start: int = 0,
+    on_abort: AbortPolicy = "mask",
+) -> list[SampleRoutes | None]:
+    """Routes of each completion of a vLLM ``RequestOutput`` (real or duck-typed, any era).
+
+    ``prompt_start`` is the ``SamplingParams.routed_experts_prompt_start`` the request was sent
+    with (0.22+). ``meta`` is on the all_layers axis; its ``moe_layer_numbers`` re-expand 0.21's
+    MoE-only arrays.
+    """
+    _check_policy(on_abort)
+    request_id = getattr(request_output, "request_id", "?")
+    p = len(request_output.prompt_token_ids or ())
+    split = hasattr(request_output, "prompt_routed_experts")  # vLLM 0.21
+    if split and prompt_start:
+        raise EngineOutputError(
+            f"request {request_id}: prompt_start={prompt_start}, but vLLM 0.21 has no "
+            "routed_experts_prompt_start (it arrived in 0.22); pass prompt_start=0"
+        )
+    out: list[SampleRoutes | None] = []
+    for c in request_output.outputs:
+        what = f"request {request_id}, completion {c.index}"
+        g, reason = len(c.token_ids), c.finish_reason
+        if not split or is_aborted(reason):
+            out.append(
+                decode_routes_array(
+                    c.routed_experts,
+                    meta,
+                    num_prompt_tokens=p,
+                    num_generated_tokens=g,
+                    prompt_start=prompt_start,
+                    finish_reason=reason,
+                    on_abort=on_abort,
+                    what=what,
+                )
+            )
+            continue
+        prompt_rows, gen_rows = request_output.prompt_routed_experts, c.routed_experts
+        if prompt_rows is None or gen_rows is None:
+            raise EngineOutputError(
+                f"{what}: vLLM 0.21 returned None for "
+                f"{'prompt_routed_experts' if prompt_rows is None else 'routed_experts'} of a "
+                f"request that finished with finish_reason={reason!r}. 0.21 drops the routes of "
+                "a preempted request (or capture is off): resubmit it, avoid preemption (more "
+                "KV-cache memory, fewer concurrent sequences), or upgrade to vLLM >= 0.22"
+            )
+        out.append(
+            _place(
+                [_as_rows(prompt_rows, f"{what} prompt"), _as_rows(gen_rows, what)],
+                meta,
+                moe_only=True,
+                num_prompt_tokens=p,
+                num_tokens=p + g,
+                prompt_start=0,
+                finish_reason=reason,
+                what=what,
+            )
+        )
+    return out
+
+
+def npy_base64_to_array(text: str) -> IntArray:
+    """vLLM's HTTP routes string (base64 of a ``.npy`` file) as an array, without pickles."""
+    if not isinstance(text, str | bytes):
+        raise EngineOutputError(f"routed_experts must be a base64 string; got {type(text)}")
+    try:
+        raw = base64.b64decode(text, validate=True)
+        array = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (binascii.Error, ValueError, EOFError, OSError) as e:
+        raise EngineOutputError(
+            f"routed_experts is not the base64 of a .npy file ({type(e).__name__}: {e}); got "
+            f"{len(text)} characters starting {text[:16]!r}: a truncated or altered response?"
+        ) from e
+    if not isinstance(array, np.ndarray):
+        raise EngineOutputError(f"routed_experts decoded to {type(array).__name__}, not an array")
+    return _as_rows(array, "routed_experts (.npy)")
+
+
+def decode_vllm_http(
+    response: Mapping[str, Any],
+    meta: RouteMeta,
+    *,
+    prompt_token_ids: Sequence[int] | None = None,
+    prompt_start: int = 0,
+    on_abort: AbortPolicy = "mask",
+) -> list[SampleRoutes | None]:
+    """Routes of each choice of a non-streaming ``/v1/completions`` JSON answer. Token counts
+    come from the choice's ``prompt_token_ids`` / ``token_ids`` (``return_token_ids``), or
+    ``prompt_token_ids`` here."""
+    out: list[SampleRoutes | None] = []
+    for i, choice in enumerate(response.get("choices", ())):
+        what = f"response {response.get('id', '?')}, choice {choice.get('index', i)}"
+        prompt = choice.get("prompt_token_ids", prompt_token_ids)
+        tokens = choice.get("token_ids")
+        if prompt is None or tokens is None:
+            raise EngineOutputError(
+                f"{what}: needs prompt_token_ids and token_ids to place the routes; send the "
+                "request with return_token_ids=true or pass prompt_token_ids"
+            )
+        text = choice.get("routed_experts")
+        reason = choice.get("finish_reason")
+        routes = None if text is None or is_aborted(reason) else npy_base64_to_array(text)
+        out.append(
+            decode_routes_array(
+                routes,
+                meta,
+                num_prompt_tokens=len(prompt),
+                num_generated_tokens=len(tokens),
+                prompt_start=prompt_start,
+                finish_reason=reason,
+                on_abort=on_abort,
+                what=what,
+            )
+        )
+    return out
+
+
+def sglang_base64_to_array(text: str, num_layers: int, top_k: int) -> IntArray:
+    """SGLang's routes string (base64 of raw little-endian int32, no header) as a read-only
+    ``[N, num_layers, top_k]`` view."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError, TypeError) as e:
+        raise EngineOutputError(f"meta_info['routed_experts'] is not valid base64: {e}") from e
+    row = 4 * num_layers * top_k
+    if len(raw) % row:
+        raise EngineOutputError(
+            f"meta_info['routed_experts'] holds {len(raw)} bytes, not a multiple of "
+            f"4 * num_hidden_layers * top_k = 4 * {num_layers} * {top_k} = {row}; the model "
+            "config does not match the server's, or the string was truncated"
+        )
+    return np.frombuffer(raw, dtype="<i4").reshape(-1, num_layers, top_k)
+
+
+def decode_sglang(
+    response: Mapping[str, Any],
+    meta: RouteMeta,
+    *,
+    start_len: int = 0,
+    on_abort: AbortPolicy = "mask",
+) -> SampleRoutes | None:
+    """Routes of an SGLang ``/generate`` answer (or its ``meta_info``) sent with
+    ``return_routed_experts``; ``start_len`` is the request's ``routed_experts_start_len``."""
+    info = response.get("meta_info", response)
+    finish = info.get("finish_reason")
+    reason = finish.get("type") if isinstance(finish, Mapping) else finish
+    text = info.get("routed_experts")
+    what = f"SGLang request {info.get('id', '?')}"
+    routes = None
+    if text is not None and not is_aborted(reason):
+        routes = sglang_base64_to_array(text, len(meta.layer_numbers), meta.top_k)
+    return decode_routes_array(
+        routes,
+        meta,
+        num_prompt_tokens=int(info["prompt_tokens"]),
+        num_generated_tokens=int(info["completion_tokens"]),
+        prompt_start=start_len,
+        finish_reason=reason,
+        on_abort=on_abort,
+        what=what,
+    )

@@ -1,0 +1,102 @@
+"""Checks that catch capture failures in decoded engine routes, on top of rr_core's checks.
+
+Shape legend: T tokens of one sample, N rows the engine returned, L layer slots (all_layers
+axis), K top-k. rr_core's :class:`~rr_core.RouteBatch` checks ids in ``[0, E)``, K distinct ids
+per valid MoE row, zero dense slots and all-zero MoE slots (E1); this module adds the row count
+(D1), physical-looking ids (E2) and missing routes (D3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from rr_core import RouteBatch, RouteMeta, RouteValidationError, align_routes
+from rr_vllm._errors import EngineOutputError
+
+if TYPE_CHECKING:
+    from rr_vllm._decode import SampleRoutes
+
+#: ``finish_reason`` values of a request that did not finish normally.
+ABORT_REASONS = frozenset({"abort"})
+
+
+def is_aborted(finish_reason: str | None) -> bool:
+    return finish_reason in ABORT_REASONS
+
+
+def check_row_count(num_rows: int, num_tokens: int, prompt_start: int) -> None:
+    """The engine returned ``T - prompt_start - 1`` or ``T - prompt_start`` rows, else raise
+    :class:`~rr_core.AlignmentError` (rr_core's :func:`~rr_core.align_routes`, on an empty
+    payload so that nothing is copied)."""
+    align_routes(
+        torch.empty((num_rows, 0, 0), dtype=torch.int8), num_tokens, prompt_start=prompt_start
+    )
+
+
+def check_missing(what: str, finish_reason: str | None) -> None:
+    """D3: a finished, non-aborted request must carry routes."""
+    if not is_aborted(finish_reason):
+        raise EngineOutputError(
+            f"{what}: routed experts are None for a request that finished with "
+            f"finish_reason={finish_reason!r} (D3); capture is off on the engine "
+            "(enable_return_routed_experts / --enable-return-routed-experts, SGLang also needs "
+            "return_routed_experts=true per request)"
+        )
+
+
+def check_logical(
+    routes_TLK: np.ndarray,
+    valid_T: np.ndarray,
+    meta: RouteMeta,
+    logical_experts: int,
+    *,
+    where: str = "sample",
+) -> None:
+    """E2: ids at or above ``logical_experts`` (the model's logical expert count, when
+    ``meta.num_experts`` counts physical slots) look physical."""
+    moe = list(meta.moe_slots)
+    rows = routes_TLK[valid_T][:, moe]
+    bad = rows >= logical_experts
+    if bad.any():
+        t, j, _ = (int(i) for i in np.argwhere(bad)[0])
+        row = int(np.flatnonzero(valid_T)[t])
+        layer = meta.layer_numbers[moe[j]]
+        raise RouteValidationError(
+            f"{where}, token row {row}, layer {layer}: expert ids {rows[t, j].tolist()} reach "
+            f"{logical_experts} or more, outside the logical range [0, {logical_experts}); "
+            "these look like physical ids from expert-load-balancing (E2, vLLM < 0.16). Use "
+            "vLLM >= 0.16, or pass allow_physical=True if the ids are intended"
+        )
+
+
+def validate_samples(
+    samples: Sequence[SampleRoutes],
+    meta: RouteMeta,
+    *,
+    allow_all_zero: bool = False,
+    allow_physical: bool = False,
+    logical_experts: int | None = None,
+) -> RouteBatch:
+    """A validated all-layers :class:`~rr_core.RouteBatch` of decoded samples (in order).
+
+    Raises :class:`~rr_core.RouteValidationError` naming sample, row and layer for ids outside
+    ``[0, E)`` or ``[0, logical_experts)`` (E2, unless ``allow_physical``), repeated ids, non-zero
+    dense slots, or a MoE slot that is zero on a whole sequence (E1, unless ``allow_all_zero``).
+    """
+    if meta.layer_axis != "all_layers":
+        raise RouteValidationError(
+            f"engine routes are on the all_layers axis; got meta.layer_axis={meta.layer_axis!r}"
+        )
+    for i, s in enumerate(samples):
+        if logical_experts is not None and not allow_physical:
+            check_logical(s.routes_TLK, s.valid_T, meta, logical_experts, where=f"sample {i}")
+    return RouteBatch.from_sequences(
+        [s.routes_TLK for s in samples],
+        meta,
+        valid=[s.valid_T for s in samples],
+        allow_all_zero=allow_all_zero,
+    )
