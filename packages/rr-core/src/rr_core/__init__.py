@@ -6,19 +6,21 @@ stay fast and work even where importing torch fails.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rr_core._axis import LAYER_AXES, LayerAxis
 from rr_core._errors import (
     AlignmentError,
+    CodecError,
     LayoutError,
+    RecordFileError,
     ReplayError,
     RouteValidationError,
     RRError,
     RRWarning,
     WalkError,
 )
+from rr_core._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from rr_core._align import (
@@ -32,6 +34,36 @@ if TYPE_CHECKING:
     )
     from rr_core._align import (
         truncate_routes as truncate_routes,
+    )
+    from rr_core._atomic import (
+        atomic_write as atomic_write,
+    )
+    from rr_core._codecs import (
+        CODECS as CODECS,
+    )
+    from rr_core._codecs import (
+        DEFAULT_CODEC as DEFAULT_CODEC,
+    )
+    from rr_core._codecs import (
+        CodecName as CodecName,
+    )
+    from rr_core._codecs import (
+        EncodedRoutes as EncodedRoutes,
+    )
+    from rr_core._codecs import (
+        bytes_per_token as bytes_per_token,
+    )
+    from rr_core._codecs import (
+        decode_routes as decode_routes,
+    )
+    from rr_core._codecs import (
+        encode_routes as encode_routes,
+    )
+    from rr_core._codecs import (
+        field_bits as field_bits,
+    )
+    from rr_core._codecs import (
+        payload_bytes as payload_bytes,
     )
     from rr_core._controller import (
         DEFAULT_MICROBATCH as DEFAULT_MICROBATCH,
@@ -108,6 +140,24 @@ if TYPE_CHECKING:
     from rr_core._layout_axis import (
         select_stage as select_stage,
     )
+    from rr_core._records import (
+        RecordHeader as RecordHeader,
+    )
+    from rr_core._records import (
+        load_routes as load_routes,
+    )
+    from rr_core._records import (
+        producer_versions as producer_versions,
+    )
+    from rr_core._records import (
+        read_header as read_header,
+    )
+    from rr_core._records import (
+        read_record as read_record,
+    )
+    from rr_core._records import (
+        save_routes as save_routes,
+    )
     from rr_core._routes import (
         PaddingSide as PaddingSide,
     )
@@ -122,6 +172,27 @@ if TYPE_CHECKING:
     )
     from rr_core._routes import (
         narrowest_dtype as narrowest_dtype,
+    )
+    from rr_core._shards import (
+        RouteIndex as RouteIndex,
+    )
+    from rr_core._shards import (
+        concat_batches as concat_batches,
+    )
+    from rr_core._shards import (
+        load_samples as load_samples,
+    )
+    from rr_core._shards import (
+        shard_path as shard_path,
+    )
+    from rr_core._shards import (
+        take_sequences as take_sequences,
+    )
+    from rr_core._shards import (
+        write_index as write_index,
+    )
+    from rr_core._shards import (
+        write_shard as write_shard,
     )
     from rr_core._topk import (
         TopK as TopK,
@@ -154,6 +225,29 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
+    "CODECS": "rr_core._codecs",
+    "DEFAULT_CODEC": "rr_core._codecs",
+    "CodecName": "rr_core._codecs",
+    "EncodedRoutes": "rr_core._codecs",
+    "bytes_per_token": "rr_core._codecs",
+    "decode_routes": "rr_core._codecs",
+    "encode_routes": "rr_core._codecs",
+    "field_bits": "rr_core._codecs",
+    "payload_bytes": "rr_core._codecs",
+    "RecordHeader": "rr_core._records",
+    "load_routes": "rr_core._records",
+    "producer_versions": "rr_core._records",
+    "read_header": "rr_core._records",
+    "read_record": "rr_core._records",
+    "save_routes": "rr_core._records",
+    "RouteIndex": "rr_core._shards",
+    "concat_batches": "rr_core._shards",
+    "load_samples": "rr_core._shards",
+    "shard_path": "rr_core._shards",
+    "take_sequences": "rr_core._shards",
+    "write_index": "rr_core._shards",
+    "write_shard": "rr_core._shards",
+    "atomic_write": "rr_core._atomic",
     "align_routes": "rr_core._align",
     "pad_rows": "rr_core._align",
     "replay_mask_for_lengths": "rr_core._align",
@@ -200,19 +294,27 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "CODECS",
+    "DEFAULT_CODEC",
     "DEFAULT_MICROBATCH",
     "LAYER_AXES",
     "AlignmentError",
+    "CodecError",
+    "CodecName",
+    "EncodedRoutes",
     "LayerAxis",
     "LayoutConfig",
     "LayoutError",
     "PaddingSide",
     "RRError",
     "RRWarning",
+    "RecordFileError",
+    "RecordHeader",
     "ReplayController",
     "ReplayError",
     "ReplayMode",
     "RouteBatch",
+    "RouteIndex",
     "RouteMeta",
     "RouteValidationError",
     "RouterPredicate",
@@ -222,15 +324,23 @@ __all__ = [
     "__version__",
     "align_routes",
     "all_layers_to_moe_layers",
+    "atomic_write",
     "attached_router_count",
     "axis_length",
+    "bytes_per_token",
+    "concat_batches",
     "controller_of",
+    "decode_routes",
     "decoder_scope",
     "dense_layer_numbers",
+    "encode_routes",
+    "field_bits",
     "find_orphans",
     "is_moe_layer",
     "is_router_by_name",
     "layer_offset",
+    "load_routes",
+    "load_samples",
     "moe_layer_numbers",
     "moe_layers_to_all_layers",
     "moe_ordinal",
@@ -242,28 +352,27 @@ __all__ = [
     "num_layers_to_build",
     "num_moe_layers",
     "pad_rows",
+    "payload_bytes",
+    "producer_versions",
+    "read_header",
+    "read_record",
     "replay_mask_for_lengths",
     "replay_topk",
     "router_topk",
     "same_sets_T",
+    "save_routes",
     "select_stage",
+    "shard_path",
     "stage_layer_numbers",
     "stage_moe_layer_numbers",
     "stage_of_layer",
+    "take_sequences",
     "truncate_routes",
     "virtual_stage_layer_counts",
     "walk_routers",
+    "write_index",
+    "write_shard",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rr_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -33,3 +33,11 @@ class ReplayError(RRError):
 
 class RRWarning(UserWarning):
     """A setting that does not take full effect, or a relaxed check that was skipped."""
+
+
+class CodecError(RRError, ValueError):
+    """Routes cannot be encoded or decoded exactly: unknown codec, ids a codec cannot hold."""
+
+
+class RecordFileError(RRError):
+    """A record file or shard index is missing, truncated, corrupted or inconsistent."""

@@ -1,0 +1,55 @@
+"""Atomic file replacement: a process killed at any instant leaves the old file or the new one.
+
+The bytes go to a temporary file in the destination's directory (a rename is only atomic within
+one file system), are forced to disk with ``fsync`` (``os.write`` is unbuffered, so there is no
+user-space buffer to flush), the temporary file is renamed over the destination, and the
+directory itself is fsynced so that the rename survives a power loss. A kill before the rename
+can leave a ``.<name>.*.tmp`` file behind; readers never look at those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+# Bytes per os.write call; each call may also write less, which the loop absorbs.
+CHUNK_BYTES = 1 << 24
+
+
+def fsync_directory(directory: Path) -> None:
+    """Persist a directory entry change (a rename). A no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows: directory entries are durable once the rename returns
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> Path:
+    """Replace ``path`` by ``data`` atomically and durably; returns the path."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        if hasattr(os, "fchmod"):  # mkstemp creates 0600; a record is meant to be shared
+            os.fchmod(fd, 0o644)
+        try:
+            view = memoryview(data).cast("B")
+            while view.nbytes:
+                written = os.write(fd, view[:CHUNK_BYTES])
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_directory(directory)
+    return target

@@ -1,0 +1,187 @@
+"""Multi-rank records: one shard file per rank plus an index of the sample ids each shard holds.
+
+Each rank calls :func:`write_shard` with the sequences it owns; once all ranks are done, one
+process calls :func:`write_index`, which reads only the shard headers. :func:`load_samples`
+then opens just the shards that hold the requested sample ids. The index records each shard's
+checksum, so a shard rewritten after indexing is refused instead of silently mixed in.
+
+Shape legend: N rows, B sequences, L layer slots, K top-k.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rr_core._atomic import atomic_write
+from rr_core._codecs import DEFAULT_CODEC, decode_routes
+from rr_core._errors import RecordFileError, RRError
+from rr_core._records import PathLike, SampleId, read_header, read_record, save_routes
+from rr_core._routes import RouteBatch
+
+INDEX_NAME = "index.json"
+INDEX_FORMAT = "rr-routes-index"
+_SHARD = re.compile(r"^routes-rank(\d{5})\.safetensors$")
+
+
+def shard_path(directory: PathLike, rank: int) -> Path:
+    """Where rank ``rank`` writes its shard in ``directory``."""
+    return Path(directory) / f"routes-rank{rank:05d}.safetensors"
+
+
+def write_shard(
+    directory: PathLike,
+    rank: int,
+    routes: RouteBatch,
+    *,
+    sample_ids: Sequence[SampleId],
+    codec: str = DEFAULT_CODEC,
+    producer: Mapping[str, str] | None = None,
+) -> Path:
+    """Write this rank's routes atomically; ``sample_ids`` must be unique across all ranks."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    extra = {"rank": str(rank), **(producer or {})}
+    return save_routes(
+        shard_path(directory, rank), routes, codec=codec, sample_ids=sample_ids, producer=extra
+    )
+
+
+def write_index(directory: PathLike, *, world_size: int | None = None) -> Path:
+    """Index every shard in ``directory`` (reading headers only) and write ``index.json``
+    atomically. With ``world_size``, a missing rank raises instead of being left out."""
+    d = Path(directory)
+    found = {int(m.group(1)): p for p in d.iterdir() if (m := _SHARD.match(p.name))}
+    if world_size is not None:
+        missing = sorted(set(range(world_size)) - set(found))
+        if missing:
+            raise RecordFileError(f"{d}: no shard for ranks {missing} of world size {world_size}")
+    if not found:
+        raise RecordFileError(f"{d}: no shard files (routes-rankNNNNN.safetensors)")
+    owner: dict[SampleId, str] = {}
+    shards: list[dict[str, Any]] = []
+    first = None
+    for rank in sorted(found):
+        h = read_header(found[rank])
+        if first is None:
+            first = h
+        elif (h.meta, h.codec) != (first.meta, first.codec):
+            raise RecordFileError(
+                f"{h.path}: {h.meta} with codec {h.codec!r} differs from {first.path}: "
+                f"{first.meta} with codec {first.codec!r}; all shards of a run must agree"
+            )
+        for s in h.sample_ids:
+            if s in owner:
+                raise RecordFileError(f"sample id {s!r} is in both {owner[s]} and {h.path.name}")
+            owner[s] = h.path.name
+        shards.append(
+            {"file": h.path.name, "rank": rank, "checksum": h.checksum, "sample_ids": h.sample_ids}
+        )
+    index = {"format": INDEX_FORMAT, "version": 1, "shards": shards}
+    return atomic_write(d / INDEX_NAME, json.dumps(index, indent=1).encode())
+
+
+class RouteIndex:
+    """A parsed ``index.json``: which shard holds which sample id."""
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = Path(path)
+        try:
+            raw = json.loads(self.path.read_bytes())
+            if raw.get("format") != INDEX_FORMAT:
+                raise RecordFileError(f"{self.path}: not an rr route index")
+            self.shards: list[dict[str, Any]] = list(raw["shards"])
+            self.owner: dict[SampleId, int] = {
+                s: i for i, shard in enumerate(self.shards) for s in shard["sample_ids"]
+            }
+        except OSError as exc:
+            raise RecordFileError(f"{self.path}: cannot read ({exc.strerror})") from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RecordFileError(f"{self.path}: corrupt index ({exc})") from exc
+
+    @property
+    def sample_ids(self) -> list[SampleId]:
+        return [s for shard in self.shards for s in shard["sample_ids"]]
+
+    def shard_files(self) -> list[Path]:
+        return [self.path.parent / shard["file"] for shard in self.shards]
+
+    def load(
+        self, sample_ids: Sequence[SampleId], *, device: torch.device | str | None = None
+    ) -> RouteBatch:
+        """The routes of ``sample_ids``, in that order, reading only the shards that hold them."""
+        missing = [s for s in sample_ids if s not in self.owner]
+        if missing:
+            raise RecordFileError(f"{self.path}: sample ids {missing[:10]} are in no shard")
+        needed = sorted({self.owner[s] for s in sample_ids})
+        parts: list[RouteBatch] = []
+        position: dict[SampleId, int] = {}
+        for i in needed:
+            shard = self.shards[i]
+            path = self.path.parent / shard["file"]
+            header, enc = read_record(path)
+            if header.checksum != shard["checksum"]:
+                raise RecordFileError(
+                    f"{path}: changed after {self.path} was written (checksum differs); "
+                    "rewrite the index"
+                )
+            try:
+                batch = decode_routes(enc, device=device)
+            except RRError as exc:
+                raise RecordFileError(f"{path}: {exc}") from exc
+            base = sum(p.num_sequences for p in parts)
+            position.update({s: base + j for j, s in enumerate(header.sample_ids)})
+            parts.append(batch)
+        return take_sequences(concat_batches(parts), [position[s] for s in sample_ids])
+
+
+def load_samples(
+    index_path: PathLike,
+    sample_ids: Sequence[SampleId],
+    *,
+    device: torch.device | str | None = None,
+) -> RouteBatch:
+    """Routes of ``sample_ids`` from a sharded record (see :class:`RouteIndex`)."""
+    return RouteIndex(index_path).load(sample_ids, device=device)
+
+
+def concat_batches(batches: Sequence[RouteBatch]) -> RouteBatch:
+    """The sequences of several batches with the same meta, in order."""
+    if not batches:
+        raise RecordFileError("nothing to concatenate")
+    meta = batches[0].meta
+    if any(b.meta != meta for b in batches):
+        raise RecordFileError("batches to concatenate have different metas")
+    if len(batches) == 1:
+        return batches[0]
+    ends = torch.tensor([0] + [b.num_tokens for b in batches[:-1]]).cumsum(0).tolist()
+    offsets = [batches[0].offsets_B1[:1]] + [
+        b.offsets_B1[1:] + e for b, e in zip(batches, ends, strict=True)
+    ]
+    return RouteBatch._trusted(
+        torch.cat([b.values_NLK for b in batches]),
+        torch.cat(offsets),
+        torch.cat([b.valid_N for b in batches]),
+        meta,
+    )
+
+
+def take_sequences(batch: RouteBatch, indices: Sequence[int]) -> RouteBatch:
+    """Sequences ``indices`` of ``batch`` as a new batch, gathered in one indexing operation."""
+    dev = batch.offsets_B1.device
+    idx_B = torch.tensor(list(indices), dtype=torch.int64, device=dev)
+    starts_B = batch.offsets_B1[idx_B]
+    lengths_B = batch.offsets_B1[idx_B + 1] - starts_B
+    offsets_B1 = torch.cat([lengths_B.new_zeros(1), lengths_B.cumsum(0)])
+    N = int(offsets_B1[-1])
+    seq_N = torch.repeat_interleave(
+        torch.arange(len(indices), device=dev), lengths_B, output_size=N
+    )
+    rows_N = starts_B[seq_N] + torch.arange(N, device=dev) - offsets_B1[seq_N]
+    return RouteBatch._trusted(
+        batch.values_NLK[rows_N], offsets_B1, batch.valid_N[rows_N], batch.meta
+    )

@@ -1,0 +1,192 @@
+"""Codecs: exact round trips over expert counts and top-k, sizes at the information floor."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rr_core import RouteBatch, RouteMeta
+from rr_core._bitpack import pack_bits, pack_bytes, unpack_bits, unpack_bytes
+from rr_core._codec_set import rank_sets, set_width, unrank_sets
+from rr_core._codecs import (
+    CODECS,
+    EncodedRoutes,
+    bytes_per_token,
+    decode_routes,
+    encode_routes,
+    payload_bytes,
+)
+from rr_core._errors import CodecError
+
+EXPERTS = (2, 8, 60, 64, 128, 160, 256, 257, 384, 512)
+
+
+def random_batch(
+    rng: np.random.Generator,
+    E: int,
+    K: int,
+    *,
+    lengths: list[int],
+    layers: int = 3,
+    dense: tuple[int, ...] = (),
+    valid_share: float = 0.7,
+) -> RouteBatch:
+    """Distinct ids per (row, MoE layer); zeros on dense slots and invalid rows."""
+    N, L = sum(lengths), layers
+    moe = tuple(n for n in range(1, L + 1) if n not in dense)
+    ids = rng.random((N * len(moe), E)).argsort(axis=1)[:, :K].reshape(N, len(moe), K)
+    values = np.zeros((N, L, K), dtype=np.int64)
+    values[:, [n - 1 for n in moe]] = ids
+    valid = rng.random(N) < valid_share
+    values[~valid] = 0
+    axis = "all_layers" if dense else "moe_layers"
+    meta = RouteMeta(
+        num_experts=E,
+        top_k=K,
+        layer_axis=axis,
+        layer_numbers=tuple(range(1, L + 1)),
+        moe_layer_numbers=moe if dense else None,
+    )
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    return RouteBatch(
+        torch.from_numpy(values), offsets, torch.from_numpy(valid), meta, allow_all_zero=True
+    )
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> RouteBatch:
+    E = draw(st.sampled_from(EXPERTS))
+    K = draw(st.integers(1, min(E, 22)))
+    lengths = draw(st.lists(st.integers(0, 9), min_size=1, max_size=4))
+    dense = draw(st.sampled_from([(), (1,), (2, 4)]))
+    share = draw(st.sampled_from([0.0, 0.5, 1.0]))
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    return random_batch(rng, E, K, lengths=lengths, layers=4, dense=dense, valid_share=share)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), codec=st.sampled_from(CODECS))
+def test_every_codec_round_trips(batch: RouteBatch, codec: str) -> None:
+    enc = encode_routes(batch, codec)
+    out = decode_routes(enc)
+    expected = batch.values_NLK.sort(dim=-1).values if codec == "set" else batch.values_NLK
+    assert out.values_NLK.dtype == batch.values_NLK.dtype
+    assert torch.equal(out.values_NLK, expected)
+    assert torch.equal(out.valid_N, batch.valid_N)
+    assert torch.equal(out.offsets_B1, batch.offsets_B1)
+    assert out.meta == batch.meta
+    V = int(batch.valid_N.sum())
+    assert enc.payload.numel() == payload_bytes(batch.meta, codec, V)
+    assert enc.payload.numel() == math.ceil(V * bytes_per_token(batch.meta, codec) - 1e-9)
+    assert enc.valid_bits.numel() == -(-batch.num_tokens // 8)
+
+
+def test_qwen3_30b_sizes_reach_the_floor() -> None:
+    meta = RouteMeta(
+        num_experts=128, top_k=8, layer_axis="moe_layers", layer_numbers=tuple(range(1, 49))
+    )
+    sizes = {c: bytes_per_token(meta, c) for c in CODECS}
+    assert sizes == {"raw": 384, "packed": 336, "set": 246}
+    floor = math.log2(math.comb(128, 8)) * 48 / 8
+    assert sizes["set"] <= floor * 1.02
+
+
+def test_dense_slots_and_invalid_rows_cost_nothing() -> None:
+    rng = np.random.default_rng(0)
+    batch = random_batch(rng, 64, 4, lengths=[5, 7], layers=4, dense=(1, 3))
+    full = random_batch(rng, 64, 4, lengths=[5, 7], layers=2, valid_share=1.0)
+    V = int(batch.valid_N.sum())
+    assert encode_routes(batch, "packed").payload.numel() == math.ceil(V * 2 * 4 * 6 / 8)
+    assert encode_routes(full, "packed").payload.numel() == 12 * 2 * 4 * 6 // 8
+
+
+def test_decode_targets_a_device() -> None:
+    batch = random_batch(np.random.default_rng(1), 160, 6, lengths=[4, 4])
+    out = decode_routes(encode_routes(batch, "set"), device="cpu")
+    assert out.values_NLK.device == torch.device("cpu")
+    assert torch.equal(out.values_NLK, batch.values_NLK.sort(dim=-1).values)
+
+
+def test_set_ranks_are_a_bijection_in_colex_order() -> None:
+    import itertools
+
+    combos = list(itertools.combinations(range(7), 3))
+    ids = torch.tensor(combos)
+    ranks = rank_sets(ids, 7)[:, 0].tolist()
+    assert sorted(ranks) == list(range(math.comb(7, 3)))
+    assert torch.equal(unrank_sets(rank_sets(ids, 7), 7, 3), ids)
+
+
+@pytest.mark.parametrize(("E", "K"), [(512, 22), (384, 22), (257, 20), (128, 60)])
+def test_big_ranks_are_exact(E: int, K: int) -> None:
+    rng = np.random.default_rng(E + K)
+    sets = np.sort(rng.random((50, E)).argsort(axis=1)[:, :K], axis=1)
+    sets[0] = np.arange(E - K, E)  # the largest set: rank C(E, K) - 1
+    sets[1] = np.arange(K)  # the smallest: rank 0
+    limbs = rank_sets(torch.from_numpy(sets), E)
+    for row, s in zip(limbs.tolist(), sets.tolist(), strict=True):
+        value = sum(limb << (32 * i) for i, limb in enumerate(row))
+        assert value == sum(math.comb(c, i + 1) for i, c in enumerate(s))
+    assert sum(v << (32 * i) for i, v in enumerate(limbs[0].tolist())) == math.comb(E, K) - 1
+    assert torch.equal(unrank_sets(limbs, E, K), torch.from_numpy(sets))
+    assert set_width(E, K) == (math.comb(E, K) - 1).bit_length()
+
+
+@pytest.mark.parametrize("width", [1, 5, 7, 9, 31, 32, 33, 41, 64, 100, 130])
+def test_bit_streams_round_trip(width: int) -> None:
+    gen = torch.Generator().manual_seed(width)
+    nl = -(-width // 32)
+    limbs = torch.randint(0, 2**32, (77, nl), generator=gen)
+    limbs[:, -1] &= (1 << (width - 32 * (nl - 1))) - 1
+    stream = pack_bits(limbs, width)
+    assert stream.numel() == -(-77 * width // 8)
+    assert torch.equal(unpack_bits(stream, 77, width), limbs)
+    if width < 8:
+        ids = limbs[:, 0].to(torch.uint8)
+        assert torch.equal(pack_bytes(ids, width), stream)
+        assert torch.equal(unpack_bytes(stream, 77, width), ids)
+
+
+def test_out_of_range_and_repeated_ids_raise() -> None:
+    meta = RouteMeta(num_experts=60, top_k=2, layer_axis="moe_layers", layer_numbers=(1,))
+    wild = RouteBatch(torch.tensor([[[3, 61]]]), [0, 1], None, meta, validate=False)
+    with pytest.raises(CodecError, match=r"\[3, 61\]"):
+        encode_routes(wild, "packed")
+    twice = RouteBatch(torch.tensor([[[5, 5]]]), [0, 1], None, meta, validate=False)
+    with pytest.raises(CodecError, match="distinct"):
+        encode_routes(twice, "set")
+    with pytest.raises(CodecError, match="unknown codec"):
+        encode_routes(twice, "zip")
+
+
+def test_corrupt_payloads_raise() -> None:
+    meta = RouteMeta(num_experts=60, top_k=2, layer_axis="moe_layers", layer_numbers=(1,))
+    batch = RouteBatch(torch.tensor([[[3, 7]]]), [0, 1], None, meta)
+    for codec in ("packed", "set"):
+        enc = encode_routes(batch, codec)
+        bad = EncodedRoutes(
+            codec=enc.codec,
+            meta=meta,
+            num_rows=1,
+            offsets_B1=enc.offsets_B1,
+            valid_bits=enc.valid_bits,
+            payload=torch.full_like(enc.payload, 255),
+        )
+        with pytest.raises(CodecError, match="corrupt"):
+            decode_routes(bad)
+        short = EncodedRoutes(
+            codec=enc.codec,
+            meta=meta,
+            num_rows=1,
+            offsets_B1=enc.offsets_B1,
+            valid_bits=enc.valid_bits,
+            payload=enc.payload[:-1],
+        )
+        with pytest.raises(CodecError, match="bytes"):
+            decode_routes(short)
