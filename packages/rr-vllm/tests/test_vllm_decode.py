@@ -23,7 +23,8 @@ from rr_fakes.engines import (
     vllm_http_response,
     vllm_request_output,
 )
-from rr_vllm._decode import (
+from rr_vllm import (
+    EngineOutputError,
     SampleRoutes,
     decode_routes_array,
     decode_sglang,
@@ -31,9 +32,8 @@ from rr_vllm._decode import (
     decode_vllm_output,
     npy_base64_to_array,
     sglang_base64_to_array,
+    validate_samples,
 )
-from rr_vllm._errors import EngineOutputError
-from rr_vllm._validate import validate_samples
 
 P, G, L, K = 5, 4, 4, 2
 ALL_ERAS = list(VllmEra)

@@ -15,4 +15,6 @@ def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert blocks, "the README has no python example"
     for block in blocks:
         exec(compile(block, str(README), "exec"), {"__name__": "readme"})
-    assert "5 [True, True, True, True, False]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "5 [True, True, True, True, False]" in out
+    assert "96000000 {'max_tokens': 2048, 'routed_experts_prompt_start': 0}" in out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from rr_core._errors import ReplayError
+from rr_core._idcheck import row_flags
 
 
 def check_target_ids(
@@ -22,7 +23,9 @@ def check_target_ids(
     id. ``slot_layers`` maps the checked slots to their layer numbers (for the message)."""
     slots = sorted(slot_layers)
     used_TLK = routes_TLK if len(slots) == routes_TLK.shape[1] else routes_TLK[:, slots]
-    out_of_range_TL, repeated_TL = _bad_rows(used_TLK, num_experts)
+    flags = row_flags(used_TLK, num_experts)
+    out_of_range_TL = flags.out_of_range_R.reshape(used_TLK.shape[:2])
+    repeated_TL = flags.repeated_R.reshape(used_TLK.shape[:2])
     bad_TL = out_of_range_TL | repeated_TL
     if replay_mask_T is not None:
         bad_TL &= replay_mask_T.to(bad_TL.device).unsqueeze(-1)
@@ -42,18 +45,3 @@ def check_target_ids(
         f"{problem}; {count} replayed (row, layer) pairs are bad. Validate routes where they are "
         "captured, or mark rows without a route invalid in the replay mask"
     )
-
-
-def _bad_rows(ids_TLK: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per (row, slot): an id outside ``[0, E)``; a repeated id. Works on the K columns laid
-    out contiguously (one copy), which is ~25x faster on CPU than sorting each row."""
-    t, slots, k = ids_TLK.shape
-    ids_KN = ids_TLK.reshape(-1, k).t().contiguous()
-    out_of_range_N = ids_KN.amax(dim=0) >= num_experts
-    if ids_KN.dtype.is_signed:
-        out_of_range_N |= ids_KN.amin(dim=0) < 0
-    repeated_N = torch.zeros_like(out_of_range_N)
-    for i in range(k):  # K(K-1)/2 vectorised comparisons; K is small (top-k)
-        for j in range(i + 1, k):
-            repeated_N |= ids_KN[i] == ids_KN[j]
-    return out_of_range_N.reshape(t, slots), repeated_N.reshape(t, slots)

@@ -18,6 +18,7 @@ import torch
 
 from rr_core._axis import LAYER_AXES
 from rr_core._errors import LayoutError, RouteValidationError
+from rr_core._idcheck import row_flags
 
 if TYPE_CHECKING:
     from rr_core._routes import RouteMeta
@@ -201,17 +202,6 @@ class _Hits:
         self.count += n
 
 
-def _out_of_range(values_RMK: torch.Tensor, num_experts: int) -> torch.Tensor | None:
-    """Ids outside ``[0, E)``, compared in the values' own dtype (a scalar the dtype cannot hold
-    would wrap), or None where the dtype cannot hold such an id at all."""
-    info = torch.iinfo(values_RMK.dtype)
-    bad: torch.Tensor | None = values_RMK < 0 if info.min < 0 else None
-    if num_experts - 1 < info.max:
-        high = values_RMK >= num_experts
-        bad = high if bad is None else bad | high
-    return bad
-
-
 # Rows are checked in blocks of about this many ids, so the boolean temporaries of a
 # multi-gigabyte batch stay small.
 _BLOCK_IDS = 1 << 24
@@ -246,14 +236,11 @@ def check_ids(
         if dense:
             nonzero.add((block_RLK.index_select(1, dense_idx) != 0).any(-1), start)
         v_RMK = block_RLK if len(moe) == L else block_RLK.index_select(1, moe_idx)
-        bad_RMK = _out_of_range(v_RMK, E)
-        if bad_RMK is not None:
-            outside.add(bad_RMK.any(-1) & valid_R1, start)
-        routed_RM = (v_RMK != 0).any(-1) & valid_R1
+        flags = row_flags(v_RMK, E)
+        outside.add(flags.out_of_range_R.view(v_RMK.shape[:2]) & valid_R1, start)
+        routed_RM = flags.nonzero_R.view(v_RMK.shape[:2]) & valid_R1
         routed_BM.index_add_(0, seq_N[start : start + step], routed_RM.to(torch.int64))
-        if K > 1:
-            s_RMK = v_RMK.sort(dim=-1).values
-            repeated.add((s_RMK[..., 1:] == s_RMK[..., :-1]).any(-1) & valid_R1, start)
+        repeated.add(flags.repeated_R.view(v_RMK.shape[:2]) & valid_R1, start)
 
     if nonzero.first is not None:
         row, j = nonzero.first

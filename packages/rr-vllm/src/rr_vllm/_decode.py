@@ -16,16 +16,13 @@ Formats:
 - vLLM 0.21: ``RequestOutput.prompt_routed_experts`` ``[P, M, K]`` plus the generation rows
   ``CompletionOutput.routed_experts`` ``[G-1, M, K]`` (int16, MoE layers only); rows of -1 were
   served from the prefix cache and become invalid rows; both are None after preemption;
-- vLLM over HTTP: ``choices[i].routed_experts``, the base64 of a ``.npy`` file;
-- SGLang: ``meta_info["routed_experts"]``, the base64 of raw int32 ``[N, L, K]`` in C order.
+- the wire forms (vLLM's HTTP base64 ``.npy``, SGLang's ``meta_info``) are read in
+  :mod:`rr_vllm._wire` and placed here.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -65,7 +62,7 @@ def _compact_dtype(num_experts: int) -> np.dtype[Any]:
     return np.dtype(np.uint8) if num_experts <= 256 else np.dtype(np.int16)
 
 
-def _as_rows(value: Any, what: str) -> IntArray:
+def as_rows(value: Any, what: str) -> IntArray:
     """A numpy view of an engine's routes (numpy, or a CPU torch tensor), checked to be 3-D
     integer data; nothing is copied."""
     if not isinstance(value, np.ndarray) and hasattr(value, "numpy"):
@@ -90,7 +87,7 @@ def _masked(meta: RouteMeta, p: int, t: int, prompt_start: int, reason: str | No
     )
 
 
-def _place(
+def place_rows(
     blocks: Sequence[IntArray],
     meta: RouteMeta,
     *,
@@ -139,7 +136,7 @@ def _place(
     )
 
 
-def _check_policy(on_abort: str) -> None:
+def check_policy(on_abort: str) -> None:
     if on_abort not in ("mask", "drop"):
         raise ValueError(f"on_abort must be 'mask' or 'drop'; got {on_abort!r}")
 
@@ -158,14 +155,14 @@ def decode_routes_array(
     """One all-layers ``[N, L, K]`` array (or None) of a sample with P prompt and G generated
     tokens. An aborted sample (``finish_reason == "abort"``) is masked (every row invalid) or
     dropped (None); otherwise None routes raise (D3)."""
-    _check_policy(on_abort)
+    check_policy(on_abort)
     p, t = num_prompt_tokens, num_prompt_tokens + num_generated_tokens
     if is_aborted(finish_reason):
         return None if on_abort == "drop" else _masked(meta, p, t, prompt_start, finish_reason)
     if routes is None:
         check_missing(what, finish_reason)
-    return _place(
-        [_as_rows(routes, what)],
+    return place_rows(
+        [as_rows(routes, what)],
         meta,
         moe_only=False,
         num_prompt_tokens=p,
@@ -189,7 +186,7 @@ def decode_vllm_output(
     with (0.22+). ``meta`` is on the all_layers axis; its ``moe_layer_numbers`` re-expand 0.21's
     MoE-only arrays.
     """
-    _check_policy(on_abort)
+    check_policy(on_abort)
     request_id = getattr(request_output, "request_id", "?")
     p = len(request_output.prompt_token_ids or ())
     split = hasattr(request_output, "prompt_routed_experts")  # vLLM 0.21
@@ -226,8 +223,8 @@ def decode_vllm_output(
                 "KV-cache memory, fewer concurrent sequences), or upgrade to vLLM >= 0.22"
             )
         out.append(
-            _place(
-                [_as_rows(prompt_rows, f"{what} prompt"), _as_rows(gen_rows, what)],
+            place_rows(
+                [as_rows(prompt_rows, f"{what} prompt"), as_rows(gen_rows, what)],
                 meta,
                 moe_only=True,
                 num_prompt_tokens=p,
@@ -238,105 +235,3 @@ def decode_vllm_output(
             )
         )
     return out
-
-
-def npy_base64_to_array(text: str) -> IntArray:
-    """vLLM's HTTP routes string (base64 of a ``.npy`` file) as an array, without pickles."""
-    if not isinstance(text, str | bytes):
-        raise EngineOutputError(f"routed_experts must be a base64 string; got {type(text)}")
-    try:
-        raw = base64.b64decode(text, validate=True)
-        array = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (binascii.Error, ValueError, EOFError, OSError) as e:
-        raise EngineOutputError(
-            f"routed_experts is not the base64 of a .npy file ({type(e).__name__}: {e}); got "
-            f"{len(text)} characters starting {text[:16]!r}: a truncated or altered response?"
-        ) from e
-    if not isinstance(array, np.ndarray):
-        raise EngineOutputError(f"routed_experts decoded to {type(array).__name__}, not an array")
-    return _as_rows(array, "routed_experts (.npy)")
-
-
-def decode_vllm_http(
-    response: Mapping[str, Any],
-    meta: RouteMeta,
-    *,
-    prompt_token_ids: Sequence[int] | None = None,
-    prompt_start: int = 0,
-    on_abort: AbortPolicy = "mask",
-) -> list[SampleRoutes | None]:
-    """Routes of each choice of a non-streaming ``/v1/completions`` JSON answer. Token counts
-    come from the choice's ``prompt_token_ids`` / ``token_ids`` (``return_token_ids``), or
-    ``prompt_token_ids`` here."""
-    out: list[SampleRoutes | None] = []
-    for i, choice in enumerate(response.get("choices", ())):
-        what = f"response {response.get('id', '?')}, choice {choice.get('index', i)}"
-        prompt = choice.get("prompt_token_ids", prompt_token_ids)
-        tokens = choice.get("token_ids")
-        if prompt is None or tokens is None:
-            raise EngineOutputError(
-                f"{what}: needs prompt_token_ids and token_ids to place the routes; send the "
-                "request with return_token_ids=true or pass prompt_token_ids"
-            )
-        text = choice.get("routed_experts")
-        reason = choice.get("finish_reason")
-        routes = None if text is None or is_aborted(reason) else npy_base64_to_array(text)
-        out.append(
-            decode_routes_array(
-                routes,
-                meta,
-                num_prompt_tokens=len(prompt),
-                num_generated_tokens=len(tokens),
-                prompt_start=prompt_start,
-                finish_reason=reason,
-                on_abort=on_abort,
-                what=what,
-            )
-        )
-    return out
-
-
-def sglang_base64_to_array(text: str, num_layers: int, top_k: int) -> IntArray:
-    """SGLang's routes string (base64 of raw little-endian int32, no header) as a read-only
-    ``[N, num_layers, top_k]`` view."""
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError, TypeError) as e:
-        raise EngineOutputError(f"meta_info['routed_experts'] is not valid base64: {e}") from e
-    row = 4 * num_layers * top_k
-    if len(raw) % row:
-        raise EngineOutputError(
-            f"meta_info['routed_experts'] holds {len(raw)} bytes, not a multiple of "
-            f"4 * num_hidden_layers * top_k = 4 * {num_layers} * {top_k} = {row}; the model "
-            "config does not match the server's, or the string was truncated"
-        )
-    return np.frombuffer(raw, dtype="<i4").reshape(-1, num_layers, top_k)
-
-
-def decode_sglang(
-    response: Mapping[str, Any],
-    meta: RouteMeta,
-    *,
-    start_len: int = 0,
-    on_abort: AbortPolicy = "mask",
-) -> SampleRoutes | None:
-    """Routes of an SGLang ``/generate`` answer (or its ``meta_info``) sent with
-    ``return_routed_experts``; ``start_len`` is the request's ``routed_experts_start_len``."""
-    info = response.get("meta_info", response)
-    finish = info.get("finish_reason")
-    reason = finish.get("type") if isinstance(finish, Mapping) else finish
-    text = info.get("routed_experts")
-    what = f"SGLang request {info.get('id', '?')}"
-    routes = None
-    if text is not None and not is_aborted(reason):
-        routes = sglang_base64_to_array(text, len(meta.layer_numbers), meta.top_k)
-    return decode_routes_array(
-        routes,
-        meta,
-        num_prompt_tokens=int(info["prompt_tokens"]),
-        num_generated_tokens=int(info["completion_tokens"]),
-        prompt_start=start_len,
-        finish_reason=reason,
-        on_abort=on_abort,
-        what=what,
-    )

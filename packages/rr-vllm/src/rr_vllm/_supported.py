@@ -1,6 +1,30 @@
-"""Version ranges this package supports, as plain data: docs, `rr doctor` and the nox matrix
-read them from here."""
+"""Version ranges this package supports, as plain data: docs, `rr doctor`, the nox matrix and the
+version flags (:mod:`rr_vllm._versions`) read them from here. This module imports nothing."""
 
 from __future__ import annotations
 
 SUPPORTED: dict[str, str] = {"vllm": ">=0.14,<0.34"}
+
+#: vLLM behaviours that changed across releases (``vllm-facts.md``), as version specifiers; each
+#: becomes one boolean of :class:`rr_vllm._versions.VllmFlags`.
+VLLM_FEATURES: dict[str, str] = {
+    # CompletionOutput.routed_experts exists (engine flag enable_return_routed_experts).
+    "capture": ">=0.14",
+    # Ids are logical (before expert-load-balancing remaps); 0.14-0.15 returned physical ids.
+    "logical_ids": ">=0.16",
+    # Prompt rows in RequestOutput.prompt_routed_experts, generation rows alone in the
+    # completion (int16, MoE layers only, -1 for prefix-cached rows, None after preemption).
+    "split_arrays": ">=0.21,<0.22",
+    # SamplingParams.routed_experts_prompt_start.
+    "prompt_start": ">=0.22",
+    # Buffers sized right for hybrid-attention models (several KV-cache groups).
+    "hybrid_attention": ">=0.22",
+    # uint8 ids when E <= 256, else uint16.
+    "compact_dtype": ">=0.22",
+    # Capture goes through the aux-output store: AuxOutputConfig(max_bytes), prefix caching
+    # required, BlockObjectStoreError when a prefix hit needs evicted rows.
+    "aux_output_store": ">=0.32",
+}
+
+#: SGLang's request fields for capture (server flag ``--enable-return-routed-experts``).
+SGLANG_FIELDS: tuple[str, ...] = ("return_routed_experts", "routed_experts_start_len")

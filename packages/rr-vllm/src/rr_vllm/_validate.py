@@ -74,7 +74,7 @@ def check_logical(
 
 
 def validate_samples(
-    samples: Sequence[SampleRoutes],
+    samples: Sequence[SampleRoutes | None],
     meta: RouteMeta,
     *,
     allow_all_zero: bool = False,
@@ -91,12 +91,19 @@ def validate_samples(
         raise RouteValidationError(
             f"engine routes are on the all_layers axis; got meta.layer_axis={meta.layer_axis!r}"
         )
+    present: list[SampleRoutes] = []
     for i, s in enumerate(samples):
+        if s is None:
+            raise EngineOutputError(
+                f"sample {i} is None (an aborted request decoded with on_abort='drop'); remove "
+                "its tokens from the batch too, or decode with on_abort='mask'"
+            )
+        present.append(s)
         if logical_experts is not None and not allow_physical:
             check_logical(s.routes_TLK, s.valid_T, meta, logical_experts, where=f"sample {i}")
     return RouteBatch.from_sequences(
-        [s.routes_TLK for s in samples],
+        [s.routes_TLK for s in present],
         meta,
-        valid=[s.valid_T for s in samples],
+        valid=[s.valid_T for s in present],
         allow_all_zero=allow_all_zero,
     )

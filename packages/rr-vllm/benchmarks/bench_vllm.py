@@ -1,0 +1,120 @@
+"""Rollout-side benchmark: decoding plus assembly of a Qwen3-30B-A3B-shaped capture (48 MoE layers
+on a 48-layer axis, 128 experts, top-8, uint8 as vLLM 0.22+ returns it) into a validated
+``RouteBatch``, and on into the trainer's padded int16 layout.
+
+Each figure is a throughput ratio to a plain memory copy (``np.copyto``) of the same uint8 payload
+timed in the same run (``vllm_assembly_vs_memcpy`` = copy time / assembly time), so ratios hold
+across machines. Goal: decoding + batching >= 0.5.
+
+Usage: ``python bench_vllm.py [--samples 64] [--tokens 2048] [--json] [--repeat 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from rr_core import RouteMeta
+from rr_vllm import decode_vllm_output, to_trainer_layout, validate_samples
+
+LAYERS, EXPERTS, TOP_K = 48, 128, 8
+
+
+def requests(samples: int, tokens: int) -> list[Any]:
+    """Duck-typed vLLM 0.22+ outputs: a quarter prompt, the rest generated, T-1 rows each."""
+    rng = np.random.default_rng(0)
+    base = np.argsort(rng.random((257, EXPERTS)), axis=1)[:, :TOP_K].astype(np.uint8)
+    p = tokens // 4
+    out = []
+    for i in range(samples):
+        pick = rng.integers(0, len(base), size=(tokens - 1, LAYERS))
+        completion = SimpleNamespace(
+            index=0,
+            token_ids=list(range(tokens - p)),
+            routed_experts=base[pick],
+            finish_reason="length",
+        )
+        out.append(
+            SimpleNamespace(
+                request_id=str(i), prompt_token_ids=list(range(p)), outputs=[completion]
+            )
+        )
+    return out
+
+
+def best(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
+    meta = RouteMeta(
+        num_experts=EXPERTS,
+        top_k=TOP_K,
+        layer_axis="all_layers",
+        layer_numbers=tuple(range(1, LAYERS + 1)),
+    )
+    reqs = requests(samples, tokens)
+    payload = np.stack([r.outputs[0].routed_experts for r in reqs])
+    target = np.empty_like(payload)
+    prompts = [len(r.prompt_token_ids) for r in reqs]
+
+    def decode() -> list[Any]:
+        return [s for r in reqs for s in decode_vllm_output(r, meta)]
+
+    def assemble() -> Any:
+        return validate_samples(decode(), meta)
+
+    batch = assemble()
+    copy = best(lambda: np.copyto(target, payload), repeat)
+    t_decode = best(decode, repeat)
+    t_assemble = best(assemble, repeat)
+    t_layout = best(
+        lambda: to_trainer_layout(
+            batch, prompts, prompt_length=tokens // 4, response_length=tokens - tokens // 4
+        ),
+        repeat,
+    )
+    mb = payload.nbytes / 1e6
+    return {
+        "samples": samples,
+        "tokens_per_sample": tokens,
+        "payload_mb": mb,
+        "memcpy_ms": copy * 1e3,
+        "decode_ms": t_decode * 1e3,
+        "assembly_ms": t_assemble * 1e3,
+        "trainer_layout_ms": t_layout * 1e3,
+        "vllm_decode_vs_memcpy": copy / t_decode,
+        "vllm_assembly_vs_memcpy": copy / t_assemble,
+        "vllm_trainer_layout_vs_memcpy": copy / t_layout,
+        "assembly_gb_per_s": mb / 1e3 / t_assemble,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    result = run(args.samples, args.tokens, args.repeat)
+    if args.json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        print(f"{key:32s} {value:.3f}" if isinstance(value, float) else f"{key:32s} {value}")
+
+
+if __name__ == "__main__":
+    main()
