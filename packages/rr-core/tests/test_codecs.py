@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rr_core import RouteBatch, RouteMeta
-from rr_core._bitpack import pack_bits, pack_bytes, unpack_bits, unpack_bytes
+from rr_core._bitpack import (
+    BLOCK,
+    pack_bits,
+    pack_fields,
+    pack_ids,
+    unpack_bits,
+    unpack_fields,
+    unpack_ids,
+)
 from rr_core._codec_set import rank_sets, set_width, unrank_sets
 from rr_core._codecs import (
     CODECS,
@@ -138,19 +146,38 @@ def test_big_ranks_are_exact(E: int, K: int) -> None:
     assert set_width(E, K) == (math.comb(E, K) - 1).bit_length()
 
 
-@pytest.mark.parametrize("width", [1, 5, 7, 9, 31, 32, 33, 41, 64, 100, 130])
-def test_bit_streams_round_trip(width: int) -> None:
+@pytest.mark.parametrize("width", [1, 3, 5, 6, 7, 9, 13, 15, 31, 32, 33, 41, 56, 62, 64, 100, 130])
+@pytest.mark.parametrize("count", [0, 1, 77, 3 * BLOCK + 5])
+def test_bit_streams_round_trip(width: int, count: int) -> None:
     gen = torch.Generator().manual_seed(width)
     nl = -(-width // 32)
-    limbs = torch.randint(0, 2**32, (77, nl), generator=gen)
+    limbs = torch.randint(0, 2**32, (count, nl), generator=gen)
     limbs[:, -1] &= (1 << (width - 32 * (nl - 1))) - 1
     stream = pack_bits(limbs, width)
-    assert stream.numel() == -(-77 * width // 8)
-    assert torch.equal(unpack_bits(stream, 77, width), limbs)
-    if width < 8:
-        ids = limbs[:, 0].to(torch.uint8)
-        assert torch.equal(pack_bytes(ids, width), stream)
-        assert torch.equal(unpack_bytes(stream, 77, width), ids)
+    assert stream.numel() == -(-count * width // 8)
+    assert torch.equal(unpack_bits(stream, count, width), limbs)
+    if width <= 63:  # the fast paths write the same stream
+        fields = limbs[:, 0] | (limbs[:, 1] << 32) if nl == 2 else limbs[:, 0]
+        assert torch.equal(pack_fields(fields, width), stream)
+        assert torch.equal(unpack_fields(stream, count, width), fields)
+    for dtype in (torch.uint8, torch.int16):
+        if width < 8 * dtype.itemsize:
+            ids = limbs[:, 0].to(dtype)
+            assert torch.equal(pack_ids(ids, width), stream)
+            assert torch.equal(unpack_ids(stream, count, width, dtype), ids)
+            unaligned = torch.cat([stream.new_zeros(1), stream])[1:]  # not a whole-word view
+            assert torch.equal(unpack_ids(unaligned, count, width, dtype), ids)
+
+
+def test_set_unranking_is_exact_for_every_small_set() -> None:
+    import itertools
+
+    for E in range(1, 12):
+        for K in range(1, E + 1):
+            ids = torch.tensor(list(itertools.combinations(range(E), K)))
+            limbs = rank_sets(ids, E)
+            assert torch.equal(rank_sets(ids, E, single_out=True), limbs[:, 0])
+            assert torch.equal(unrank_sets(limbs, E, K), ids)
 
 
 def test_out_of_range_and_repeated_ids_raise() -> None:

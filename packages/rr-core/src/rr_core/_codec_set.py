@@ -29,7 +29,8 @@ def set_width(num_experts: int, top_k: int) -> int:
     return (math.comb(num_experts, top_k) - 1).bit_length()
 
 
-def _single(num_experts: int, top_k: int) -> bool:
+def single_rank(num_experts: int, top_k: int) -> bool:
+    """Whether every rank fits one int64 below ``2**62``."""
     return math.comb(num_experts, top_k) <= _SINGLE_LIMIT
 
 
@@ -37,7 +38,7 @@ def _single(num_experts: int, top_k: int) -> bool:
 def _table_cpu(num_experts: int, top_k: int) -> torch.Tensor:
     """``C(c, i + 1)`` for ``i < K``, ``c < E``: int64 ``[K, E]``, or 32-bit limbs ``[K, E, W]``."""
     E, K = num_experts, top_k
-    nl = 1 if _single(E, K) else limbs_for(set_width(E, K))
+    nl = 1 if single_rank(E, K) else limbs_for(set_width(E, K))
     size = K * E * nl * 8
     if size > MAX_TABLE_BYTES:
         raise CodecError(
@@ -61,8 +62,9 @@ def _table(num_experts: int, top_k: int, device: torch.device) -> torch.Tensor:
     return _TABLES[key]
 
 
-def rank_sets(ids_RK: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Ranks of the id sets as int64 32-bit limbs ``[R, W]`` (W limbs of ``set_width`` bits).
+def rank_sets(ids_RK: torch.Tensor, num_experts: int, *, single_out: bool = False) -> torch.Tensor:
+    """Ranks of the id sets as int64 32-bit limbs ``[R, W]`` (W limbs of ``set_width`` bits), or
+    with ``single_out`` (ranks below ``2**62`` only) as plain int64 ``[R]``.
 
     Ids must lie in ``[0, E)``; a row with a repeated id has no rank and raises.
     """
@@ -81,7 +83,11 @@ def rank_sets(ids_RK: torch.Tensor, num_experts: int) -> torch.Tensor:
     # One gather per sorted position: rank = sum_i C(c_i, i + 1).
     parts = (table[i].index_select(0, cols_K[i].to(torch.int32)) for i in range(K))
     if table.dim() == 2:
-        rank_R = sum(parts, torch.zeros(ids_RK.shape[0], dtype=torch.int64, device=dev))
+        rank_R = next(parts)
+        for part_R in parts:
+            rank_R += part_R
+        if single_out:
+            return rank_R
         if width <= 32:
             return rank_R[:, None]
         return torch.stack([rank_R & MASK32, rank_R >> 32], dim=1)
@@ -97,7 +103,7 @@ def _sorted_columns(ids_RK: torch.Tensor) -> list[torch.Tensor]:
     """The K columns of ``ids_RK`` sorted per row by an odd-even transposition network: K rounds
     of elementwise min/max on whole columns, much faster than a row-wise sort for small K."""
     K = ids_RK.shape[1]
-    cols_K = list(ids_RK.t().contiguous().unbind(0))
+    cols_K = [ids_RK[:, i].contiguous() for i in range(K)]  # a copy per column beats .t()
     for r in range(K):
         for i in range(r % 2, K - 1, 2):
             a, b = cols_K[i], cols_K[i + 1]
@@ -116,6 +122,40 @@ def _sub_limbs(a_RW: torch.Tensor, b_RW: torch.Tensor) -> tuple[torch.Tensor, to
     return out_RW, borrow_R.bool()
 
 
+def _bucket(rank: torch.Tensor, bits: int) -> torch.Tensor:
+    """A monotone bucket of each rank: its float32 exponent and top ``bits`` mantissa bits."""
+    return rank.to(torch.float32).view(torch.int32) >> (23 - bits)
+
+
+@lru_cache(maxsize=256)
+def _greedy_cpu(num_experts: int, k: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tables that find the largest ``c`` with ``C(c, k) <= rank`` in one compare.
+
+    With buckets fine enough that no two thresholds ``C(c, k)`` share one, a rank's ``c`` is the
+    last threshold below its bucket (``base``) or the one inside it: ``base + (rank >= thr)``.
+    Returns ``(bits, thr [buckets], sub [2 * buckets], val [2 * buckets])`` indexed by bucket
+    and ``2 * bucket + (rank >= thr)``; ``sub`` is ``C(c, k)``, ``val`` is ``c``.
+    """
+    E = num_experts
+    # C(E, k) closes the list: no rank reaches it, and the list is never empty.
+    values = torch.tensor([math.comb(c, k) for c in range(k, E + 1)], dtype=torch.int64)
+    top = torch.tensor([math.comb(E, k) - 1], dtype=torch.int64)
+    for bits in range(1, 24):
+        b_C = _bucket(values, bits).to(torch.int64)
+        if bool((b_C[1:] > b_C[:-1]).all()):
+            break
+    size = int(_bucket(top, bits)) + 1
+    beta = torch.arange(size, dtype=torch.int64)
+    below = torch.searchsorted(b_C, beta)  # thresholds (c >= k) in lower buckets
+    base = k - 1 + below  # C(k - 1, k) = 0 <= every rank
+    nxt = below.clamp(max=b_C.numel() - 1)
+    inside = b_C[nxt] == beta
+    thr = torch.where(inside, values[nxt], torch.full_like(beta, _SINGLE_LIMIT))
+    c_2B = torch.stack([base, (base + 1).clamp(max=E - 1)], dim=1).reshape(-1)
+    sub = torch.tensor([math.comb(c, k) for c in c_2B.tolist()], dtype=torch.int64)
+    return bits, thr, sub, c_2B
+
+
 def unrank_sets(limbs_RW: torch.Tensor, num_experts: int, top_k: int) -> torch.Tensor:
     """Sorted ids int64 ``[R, K]`` of ranks given as :func:`rank_sets` limbs, on their device.
 
@@ -124,17 +164,11 @@ def unrank_sets(limbs_RW: torch.Tensor, num_experts: int, top_k: int) -> torch.T
     """
     E, K = num_experts, top_k
     R, dev = limbs_RW.shape[0], limbs_RW.device
+    if single_rank(E, K):
+        rank_R = limbs_RW[:, 0] if limbs_RW.shape[1] == 1 else limbs_RW[:, 0] | limbs_RW[:, 1] << 32
+        return unrank_single(rank_R, E, K)
     table = _table(E, K, dev)
     out_RK = torch.empty((R, K), dtype=torch.int64, device=dev)
-    if table.dim() == 2:
-        rank_R = limbs_RW[:, 0] if limbs_RW.shape[1] == 1 else limbs_RW[:, 0] | limbs_RW[:, 1] << 32
-        if R and int(rank_R.max()) >= math.comb(E, K):
-            raise CodecError(f"a set rank is >= C({E}, {K}); the payload is corrupt")
-        for i in range(K - 1, -1, -1):
-            c_R = torch.searchsorted(table[i], rank_R, right=True) - 1
-            out_RK[:, i] = c_R
-            rank_R = rank_R - table[i][c_R]
-        return out_RK
     total = math.comb(E, K)
     total_1W = torch.tensor([[(total >> (32 * w)) & MASK32 for w in range(limbs_RW.shape[1])]])
     _, in_range_R = _sub_limbs(limbs_RW, total_1W.to(dev))
@@ -152,3 +186,31 @@ def unrank_sets(limbs_RW: torch.Tensor, num_experts: int, top_k: int) -> torch.T
         out_RK[:, i] = lo_R
         rank_RW, _ = _sub_limbs(rank_RW, table[i][lo_R])
     return out_RK
+
+
+_GREEDY: dict[tuple[int, int, torch.device], tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]
+_GREEDY = {}
+
+
+def unrank_single(rank_R: torch.Tensor, num_experts: int, top_k: int) -> torch.Tensor:
+    """:func:`unrank_sets` of int64 ranks below ``2**62``: one bucket lookup and one compare per
+    position instead of a binary search."""
+    E, K = num_experts, top_k
+    R, dev = rank_R.shape[0], rank_R.device
+    if R and int(rank_R.max()) >= math.comb(E, K):
+        raise CodecError(f"a set rank is >= C({E}, {K}); the payload is corrupt")
+    cols_K: list[torch.Tensor] = []
+    rank_R = rank_R.clone()
+    for i in range(K - 1, 0, -1):
+        key = (E, i + 1, dev)
+        if key not in _GREEDY:
+            _GREEDY[key] = tuple(  # type: ignore[assignment]
+                t if isinstance(t, int) else t.to(dev) for t in _greedy_cpu(E, i + 1)
+            )
+        bits, thr_B, sub_J, val_J = _GREEDY[key]
+        b_R = _bucket(rank_R, bits)
+        j_R = torch.add(rank_R >= thr_B.index_select(0, b_R), b_R, alpha=2)
+        rank_R -= sub_J.index_select(0, j_R)
+        cols_K.append(val_J.index_select(0, j_R))
+    cols_K.append(rank_R)  # C(c, 1) = c
+    return torch.stack(cols_K[::-1], dim=1)  # one interleave, not K strided column writes

@@ -24,8 +24,16 @@ from typing import Literal
 
 import torch
 
-from rr_core._bitpack import pack_bits, pack_bytes, stream_bytes, unpack_bits, unpack_bytes
-from rr_core._codec_set import rank_sets, set_width, unrank_sets
+from rr_core._bitpack import (
+    pack_bits,
+    pack_fields,
+    pack_ids,
+    stream_bytes,
+    unpack_bits,
+    unpack_fields,
+    unpack_ids,
+)
+from rr_core._codec_set import rank_sets, set_width, single_rank, unrank_sets, unrank_single
 from rr_core._errors import CodecError
 from rr_core._routes import RouteBatch, RouteMeta, narrowest_dtype
 
@@ -151,10 +159,13 @@ def encode_payload(rows_VMK: torch.Tensor, codec: CodecName, meta: RouteMeta) ->
     if codec == "raw" or (codec == "packed" and width == 8 * flat.element_size()):
         return flat.view(torch.uint8)
     if codec == "packed":
-        if flat.dtype == torch.uint8 and width < 8:
-            return pack_bytes(flat, width)
-        return pack_bits(flat.to(torch.int64)[:, None], width)
-    return pack_bits(rank_sets(flat.reshape(-1, K), E), set_width(E, K))
+        if flat.element_size() <= 2:
+            return pack_ids(flat, width)
+        return pack_fields(flat.to(torch.int64), width)
+    ids_RK, width = flat.reshape(-1, K), set_width(E, K)
+    if single_rank(E, K) and width:  # one int64 field per set
+        return pack_fields(rank_sets(ids_RK, E, single_out=True), width)
+    return pack_bits(rank_sets(ids_RK, E), width)
 
 
 def decode_routes(
@@ -197,13 +208,19 @@ def _decode_payload(
     if codec == "raw" or (codec == "packed" and width == 8 * dtype.itemsize):
         ids = payload.contiguous().clone().view(dtype) if dtype != torch.uint8 else payload
     elif codec == "packed":
-        if dtype == torch.uint8 and width < 8:
-            ids = unpack_bytes(payload, pairs * K, width)
+        if dtype.itemsize <= 2:
+            ids = unpack_ids(payload, pairs * K, width, dtype)
         else:
-            ids = unpack_bits(payload, pairs * K, width)[:, 0].to(dtype)
+            ids = unpack_fields(payload, pairs * K, width).to(dtype)
+        if 1 << width == E:  # every field value is an id: nothing to check
+            return ids
     else:
-        limbs_RW = unpack_bits(payload, pairs, set_width(E, K))
-        return unrank_sets(limbs_RW, E, K).to(dtype).reshape(-1)
+        width = set_width(E, K)
+        if single_rank(E, K) and width:
+            ids_RK = unrank_single(unpack_fields(payload, pairs, width), E, K)
+        else:
+            ids_RK = unrank_sets(unpack_bits(payload, pairs, width), E, K)
+        return ids_RK.to(dtype).reshape(-1)
     if ids.numel():
         lo, hi = (int(v) for v in torch.aminmax(ids))
         if lo < 0 or hi >= E:
