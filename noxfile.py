@@ -6,18 +6,25 @@ it, so no dependency can pull a multi-GB CUDA build.
 
 from __future__ import annotations
 
+import runpy
 from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "core"]
+nox.options.sessions = ["lint", "core", "megatron"]
 
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
 TORCH = "torch==2.13.0"
 ALL_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes")
+
+# The megatron-core matrix is plain data in rr_fakes (read by path: no torch import here).
+MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = runpy.run_path(
+    str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "megatron" / "_lines.py")
+)["MEGATRON_LINES"]
+MEGATRON_TESTS = [PACKAGES / "rr-fakes" / "tests" / "megatron_harness"]
 
 
 def install_with_torch(session: nox.Session, *args: str) -> None:
@@ -75,3 +82,21 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python", str(PACKAGES / "rr-core" / "benchmarks" / "bench_core.py"), *session.posargs
     )
+
+
+@nox.session(python="3.11")
+@nox.parametrize("line", list(MEGATRON_LINES), ids=list(MEGATRON_LINES))
+def megatron(session: nox.Session, line: str) -> None:
+    """Real megatron-core on CPU, one pinned release per line: the rr-fakes harness tests."""
+    release, flags, extras = MEGATRON_LINES[line]
+    install_with_torch(session, *editable("rr-core[test]", "rr-fakes"))
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    report_versions(session)
+    session.run(
+        "python",
+        "-c",
+        "import importlib.metadata as m; "
+        "print(*(f'{d}=={m.version(d)}' for d in ('torch', 'megatron-core')))",
+    )
+    args = session.posargs or ["-n", "auto", "-q"]
+    session.run("pytest", *map(str, MEGATRON_TESTS), *args)

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import rr_core
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_attachments() -> Iterator[None]:
+    """Fail a test that leaves routers attached to a controller: under xdist one worker runs
+    many tests, and a leaked attachment would make later routers replay."""
+    before = rr_core.attached_router_count()
+    yield
+    leaked = rr_core.attached_router_count() - before
+    assert leaked <= 0, f"test left {leaked} routers attached; call controller.detach()"
