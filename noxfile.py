@@ -13,7 +13,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "core", "megatron"]
+nox.options.sessions = ["lint", "core", "vllm", "megatron"]
 
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
@@ -25,6 +25,8 @@ MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = runpy.
     str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "megatron" / "_lines.py")
 )["MEGATRON_LINES"]
 MEGATRON_TESTS = [PACKAGES / "rr-fakes" / "tests" / "megatron_harness"]
+# The vLLM release the real-class tests use, and what lets it import on CPU torch.
+VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
 
 
 def install_with_torch(session: nox.Session, *args: str) -> None:
@@ -59,12 +61,24 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def core(session: nox.Session) -> None:
-    """rr-core and rr-fakes tests (pytest-xdist), torch only: no megatron, no vllm."""
-    install_with_torch(session, *editable("rr-core[test]", "rr-fakes"))
+    """rr-core, rr-fakes and rr-vllm tests (pytest-xdist), torch only: no megatron, no vllm."""
+    install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm"))
     report_versions(session)
     args = session.posargs or ["-n", "auto", "-q"]
-    tests = [str(PACKAGES / name / "tests") for name in ("rr-core", "rr-fakes")]
+    tests = [str(PACKAGES / name / "tests") for name in ("rr-core", "rr-fakes", "rr-vllm")]
     session.run("pytest", *tests, *args)
+
+
+@nox.session(python="3.11")
+def vllm(session: nox.Session) -> None:
+    """rr-vllm against the real vLLM output, sampling and engine-argument classes (CPU import)."""
+    install_with_torch(session, "numpy")
+    install_with_torch(session, "--no-deps", f"vllm=={VLLM_DATA['TESTED_VLLM']}")
+    install_with_torch(session, *VLLM_DATA["VLLM_IMPORT_DEPS"])
+    install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm"))
+    report_versions(session)
+    args = session.posargs or ["-n", "auto", "-q"]
+    session.run("pytest", str(PACKAGES / "rr-vllm" / "tests"), *args)
 
 
 @nox.session(python="3.11", default=False)

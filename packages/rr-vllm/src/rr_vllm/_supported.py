@@ -28,3 +28,13 @@ VLLM_FEATURES: dict[str, str] = {
 
 #: SGLang's request fields for capture (server flag ``--enable-return-routed-experts``).
 SGLANG_FIELDS: tuple[str, ...] = ("return_routed_experts", "routed_experts_start_len")
+
+#: The release the real-class tests run against, installed with ``--no-deps`` (its full set pins
+#: another torch and CUDA-only packages) plus the light pure-Python packages that let
+#: ``vllm.outputs``, ``vllm.sampling_params`` and ``vllm.engine.arg_utils`` import on CPU torch.
+TESTED_VLLM = "0.33.0"
+VLLM_IMPORT_DEPS: tuple[str, ...] = (
+    "packaging", "msgspec", "pydantic", "regex", "cbor2", "psutil", "pyzmq",
+    "transformers>=5.16.1,<5.21", "aiohttp", "requests", "openai-harmony", "openai",
+    "prometheus_client", "pillow", "pybase64", "cachetools", "cloudpickle", "uvloop", "py-cpuinfo",
+)  # fmt: skip
