@@ -24,7 +24,10 @@ ALL_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes"
 MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = runpy.run_path(
     str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "megatron" / "_lines.py")
 )["MEGATRON_LINES"]
-MEGATRON_TESTS = [PACKAGES / "rr-fakes" / "tests" / "megatron_harness"]
+MEGATRON_TESTS = [
+    PACKAGES / "rr-fakes" / "tests" / "megatron_harness",
+    PACKAGES / "rr-megatron-compat" / "tests",
+]
 # The vLLM release the real-class tests use, and what lets it import on CPU torch.
 VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
 
@@ -103,7 +106,7 @@ def bench(session: nox.Session) -> None:
 def megatron(session: nox.Session, line: str) -> None:
     """Real megatron-core on CPU, one pinned release per line: the rr-fakes harness tests."""
     release, flags, extras = MEGATRON_LINES[line]
-    install_with_torch(session, *editable("rr-core[test]", "rr-fakes"))
+    install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat"))
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     report_versions(session)
     session.run(
