@@ -20,6 +20,8 @@ from rr_core._bitpack import (
     unpack_fields,
     unpack_ids,
 )
+from rr_core._bitpack_bytes import BLOCK as BYTE_BLOCK
+from rr_core._bitpack_bytes import _decode_torch, _encode_torch, pack_byte_ids, unpack_byte_ids
 from rr_core._codec_set import rank_sets, set_width, unrank_sets
 from rr_core._codecs import (
     CODECS,
@@ -217,3 +219,44 @@ def test_corrupt_payloads_raise() -> None:
         )
         with pytest.raises(CodecError, match="bytes"):
             decode_routes(short)
+
+
+@pytest.mark.parametrize("width", range(1, 8))
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 77, 8 * BYTE_BLOCK + 8, 8 * BYTE_BLOCK + 13])
+def test_byte_group_streams_round_trip(width: int, count: int) -> None:
+    gen = torch.Generator().manual_seed(width + count)
+    ids = torch.randint(0, 1 << width, (count,), generator=gen, dtype=torch.uint8)
+    stream = pack_byte_ids(ids, width)
+    assert stream.numel() == -(-count * width // 8)
+    assert torch.equal(unpack_byte_ids(stream, count, width), ids)
+    unaligned = torch.cat([stream.new_zeros(1), stream])[1:]
+    assert torch.equal(unpack_byte_ids(unaligned, count, width), ids)
+    G = count // 8
+    if G:  # the CPU words and the torch reference write the same groups
+        groups = _encode_torch(ids[: 8 * G].view(G, 8), width)
+        assert torch.equal(stream[: G * width], groups.reshape(-1))
+        assert torch.equal(_decode_torch(groups, width), ids[: 8 * G].view(G, 8))
+    if count >= 16:  # whole groups concatenate
+        cut = 8 * (G // 2)
+        parts = torch.cat([pack_byte_ids(ids[:cut], width), pack_byte_ids(ids[cut:], width)])
+        assert torch.equal(parts, stream)
+
+
+def test_byte_group_layout() -> None:
+    ids = torch.tensor([1, 2, 3, 4, 5, 6, 7, 0b1010101], dtype=torch.uint8)
+    expected = [1 | 128, 2, 3 | 128, 4, 5 | 128, 6, 7 | 128]  # bit i of id 7 tops byte i
+    assert pack_byte_ids(ids, 7).tolist() == expected
+
+
+def test_packed_cpu_encoding_falls_back_to_the_reference_layout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """If numpy ever stops writing overlapping outputs in order, the self-check picks torch."""
+    from rr_core import _bitpack_bytes
+
+    ids = torch.randint(0, 128, (8 * 1000 + 5,), dtype=torch.uint8)
+    fast = _bitpack_bytes.pack_byte_ids(ids, 7)
+    monkeypatch.setattr(_bitpack_bytes, "_numpy_path_exact", lambda width: False)
+    reference = _bitpack_bytes.pack_byte_ids(ids, 7)
+    assert torch.equal(fast, reference)
+    assert torch.equal(_bitpack_bytes.unpack_byte_ids(reference, ids.numel(), 7), ids)

@@ -33,6 +33,7 @@ from rr_core._bitpack import (
     unpack_fields,
     unpack_ids,
 )
+from rr_core._bitpack_bytes import pack_byte_ids, unpack_byte_ids
 from rr_core._codec_set import rank_sets, set_width, single_rank, unrank_sets, unrank_single
 from rr_core._errors import CodecError
 from rr_core._routes import RouteBatch, RouteMeta, narrowest_dtype
@@ -159,6 +160,8 @@ def encode_payload(rows_VMK: torch.Tensor, codec: CodecName, meta: RouteMeta) ->
     if codec == "raw" or (codec == "packed" and width == 8 * flat.element_size()):
         return flat.view(torch.uint8)
     if codec == "packed":
+        if 0 < width < 8:  # ids below 2**7 take byte groups, whatever dtype holds them
+            return pack_byte_ids(flat.to(torch.uint8), width)
         if flat.element_size() <= 2:
             return pack_ids(flat, width)
         return pack_fields(flat.to(torch.int64), width)
@@ -208,7 +211,9 @@ def _decode_payload(
     if codec == "raw" or (codec == "packed" and width == 8 * dtype.itemsize):
         ids = payload.contiguous().clone().view(dtype) if dtype != torch.uint8 else payload
     elif codec == "packed":
-        if dtype.itemsize <= 2:
+        if 0 < width < 8:
+            ids = unpack_byte_ids(payload, pairs * K, width)
+        elif dtype.itemsize <= 2:
             ids = unpack_ids(payload, pairs * K, width, dtype)
         else:
             ids = unpack_fields(payload, pairs * K, width).to(dtype)
