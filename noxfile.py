@@ -93,18 +93,18 @@ def doctor(session: nox.Session) -> None:
 
 @nox.session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
-    """Benchmarks, side by side in one run: replay_topk vs native top-k, replay bookkeeping."""
-    install_with_torch(session, *editable("rr-core"))
+    """Benchmarks of rr-core and rr-vllm, each in its own process, figures side by side."""
+    install_with_torch(session, *editable("rr-core", "rr-fakes", "rr-vllm"))
     report_versions(session)
-    session.run(
-        "python", str(PACKAGES / "rr-core" / "benchmarks" / "bench_core.py"), *session.posargs
-    )
+    for script in ("rr-core/benchmarks/bench_core.py", "rr-core/benchmarks/bench_codecs.py"):
+        session.run("python", str(PACKAGES / script), *session.posargs)
+    session.run("python", str(PACKAGES / "rr-vllm/benchmarks/bench_vllm.py"), *session.posargs)
 
 
 @nox.session(python="3.11")
 @nox.parametrize("line", list(MEGATRON_LINES), ids=list(MEGATRON_LINES))
 def megatron(session: nox.Session, line: str) -> None:
-    """Real megatron-core on CPU, one pinned release per line: the rr-fakes harness tests."""
+    """Real megatron-core on CPU, one pinned release per line: harness and compat tests."""
     release, flags, extras = MEGATRON_LINES[line]
     install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat"))
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
