@@ -260,3 +260,26 @@ def test_packed_cpu_encoding_falls_back_to_the_reference_layout(
     reference = _bitpack_bytes.pack_byte_ids(ids, 7)
     assert torch.equal(fast, reference)
     assert torch.equal(_bitpack_bytes.unpack_byte_ids(reference, ids.numel(), 7), ids)
+
+
+@pytest.mark.parametrize("E", [8, 60, 128, 160, 256])
+def test_fast_set_path_matches_the_general_one(E: int) -> None:
+    from rr_core._codec_set import unrank_single
+    from rr_core._codec_set_fast import BLOCK as SET_BLOCK
+    from rr_core._codec_set_fast import fast_shape, rank_fast, unrank_fast
+
+    assert fast_shape(E, 8, torch.uint8, torch.device("cpu"))
+    rng = np.random.default_rng(E)
+    R = 2 * SET_BLOCK + 5  # several blocks and a partial one
+    ids = np.argsort(rng.random((R, E)), axis=1)[:, :8].astype(np.uint8)
+    ids[0], ids[1] = np.arange(E - 8, E), np.arange(8)  # the largest and the smallest set
+    ids_RK = torch.from_numpy(ids)
+    ranks = rank_sets(ids_RK, E, single_out=True)
+    assert torch.equal(rank_fast(ids_RK, E), ranks)
+    out = unrank_fast(ranks, E)
+    assert torch.equal(out, ids_RK.sort(dim=1).values)
+    assert torch.equal(out.to(torch.int64), unrank_single(ranks, E, 8))
+    for row, (i, j) in ((SET_BLOCK + 3, (3, 6)), (2 * SET_BLOCK + 1, (0, 1))):
+        twice = ids_RK.clone()
+        twice[row, i] = twice[row, j]
+        assert rank_fast(twice, E) is None

@@ -19,6 +19,7 @@ exist where they are used.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +36,7 @@ from rr_core._bitpack import (
 )
 from rr_core._bitpack_bytes import pack_byte_ids, unpack_byte_ids
 from rr_core._codec_set import rank_sets, set_width, single_rank, unrank_sets, unrank_single
+from rr_core._codec_set_fast import fast_shape, rank_fast, unrank_fast
 from rr_core._errors import CodecError
 from rr_core._routes import RouteBatch, RouteMeta, narrowest_dtype
 
@@ -166,6 +168,10 @@ def encode_payload(rows_VMK: torch.Tensor, codec: CodecName, meta: RouteMeta) ->
             return pack_ids(flat, width)
         return pack_fields(flat.to(torch.int64), width)
     ids_RK, width = flat.reshape(-1, K), set_width(E, K)
+    if fast_shape(E, K, ids_RK.dtype, ids_RK.device) and ids_RK.shape[0]:
+        ranks_R = rank_fast(ids_RK, E)  # None: a repeated id, which the general path reports
+        if ranks_R is not None:
+            return pack_fields(ranks_R, width)
     if single_rank(E, K) and width:  # one int64 field per set
         return pack_fields(rank_sets(ids_RK, E, single_out=True), width)
     return pack_bits(rank_sets(ids_RK, E), width)
@@ -221,6 +227,11 @@ def _decode_payload(
             return ids
     else:
         width = set_width(E, K)
+        if fast_shape(E, K, dtype, payload.device) and pairs:
+            ranks_R = unpack_fields(payload, pairs, width)
+            if int(ranks_R.max()) >= math.comb(E, K):
+                raise CodecError(f"a set rank is >= C({E}, {K}); the payload is corrupt")
+            return unrank_fast(ranks_R, E).reshape(-1)
         if single_rank(E, K) and width:
             ids_RK = unrank_single(unpack_fields(payload, pairs, width), E, K)
         else:
