@@ -114,8 +114,10 @@ def _build_one(config: TinyGPTConfig, tc: Any, vp_stage: int | None) -> nn.Modul
     specs = _megatron("models.gpt.gpt_layer_specs")
     gpt_model = _megatron("models.gpt.gpt_model")
     stage_kw = {"vp_stage": vp_stage} if megatron_flags().vp_stage_kwarg else {}
-    block_spec = specs.get_gpt_decoder_block_spec(tc, use_transformer_engine=False, **stage_kw)
+    # First: on 0.12 this also sets the global virtual rank, which the block spec reads for its
+    # layer offset (and so for which layers are MoE).
     pre_process, post_process = _stage_flags(vp_stage)
+    block_spec = specs.get_gpt_decoder_block_spec(tc, use_transformer_engine=False, **stage_kw)
     mtp_spec = None
     if config.mtp_num_layers:
         mtp_spec = specs.get_gpt_mtp_block_spec(

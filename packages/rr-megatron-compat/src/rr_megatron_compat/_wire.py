@@ -1,0 +1,59 @@
+"""Integer payloads through collectives, bit-exactly, as uint8 views.
+
+NCCL has no int16 and gloo rejects int16 ``all_gather``; HCCL has no uint16/32/64. Viewing any
+integer (or bool) tensor as bytes around the collective works on all of them and round-trips
+exactly, so route ids keep their narrow storage dtype on the wire and are widened, if at all,
+only by whoever consumes the gathered result.
+
+Shape suffixes in this package: T tokens (rows), L layer slots, K top-k, M MoE layers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+_WIRE_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _dist() -> Any:
+    return importlib.import_module("torch.distributed")
+
+
+def as_wire_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of an integer or bool tensor (copied only if not contiguous)."""
+    if t.dtype not in _WIRE_DTYPES:
+        raise TypeError(f"route payloads must be integer or bool tensors; got {t.dtype}")
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def from_wire_bytes(b: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Inverse of :func:`as_wire_bytes`."""
+    return b.view(dtype).reshape(shape)
+
+
+def all_gather_exact(t: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+    """``all_gather`` of same-shaped integer tensors, one per rank of ``group``, as uint8 views."""
+    dist = _dist()
+    wire = as_wire_bytes(t)
+    size = dist.get_world_size(group)
+    parts = [torch.empty_like(wire) for _ in range(size)]
+    dist.all_gather(parts, wire, group=group)
+    return [from_wire_bytes(p, t.dtype, tuple(t.shape)) for p in parts]
+
+
+def group_rank_size(group: Any) -> tuple[int, int]:
+    dist = _dist()
+    return int(dist.get_rank(group)), int(dist.get_world_size(group))
+
+
+def megatron_group(name: str) -> Any:
+    """One of Megatron's process groups (``tensor_model_parallel``, ``context_parallel``,
+    ``pipeline_model_parallel``) from its parallel state."""
+    ps = importlib.import_module("megatron.core.parallel_state")
+    group = getattr(ps, f"get_{name}_group")()
+    if isinstance(group, list):  # 0.12 returns a list when a rank is in several PP groups
+        group = group[0]
+    return group
