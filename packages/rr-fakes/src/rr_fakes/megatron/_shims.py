@@ -250,6 +250,31 @@ def _cpu_rng_tracker_class() -> type:
     return CpuRNGStatesTracker
 
 
+def _get_cpu_rng_state(device: Any = -1, clone: bool = False, graph_safe: bool = False) -> Any:
+    """Megatron's activation recompute (``tensor_parallel.checkpoint``) saves the *CUDA*
+    generator's state before the forward and restores it around the recompute, so dropout
+    draws the same masks twice. On CPU the ops draw from the CPU generator: save that one."""
+    return torch.get_rng_state()
+
+
+def _set_cpu_rng_state(new_state: Any, device: Any = -1, graph_safe: bool = False) -> None:
+    """Counterpart of :func:`_get_cpu_rng_state` (Megatron's ``_set_cuda_rng_state``)."""
+    torch.set_rng_state(new_state)
+
+
+def _recompute_on_cpu(original: Any) -> Any:
+    """The recompute runs inside autograd's backward, where the ``device="cuda"`` mapping
+    (a TorchFunctionMode, inactive while torch dispatches ``backward`` through it) is not on
+    the mode stack; the recomputed forward allocates on "cuda" like the first one did."""
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        with _CudaToCpuMode():
+            return original(ctx, *grads)
+
+    backward.__wrapped__ = original  # type: ignore[attr-defined]
+    return staticmethod(backward)
+
+
 _TRACKER_CLASS: type | None = None
 _depth = 0
 
@@ -278,6 +303,10 @@ def _apply(flags: MegatronFlags, patches: _Patches) -> None:
         _TRACKER_CLASS = _cpu_rng_tracker_class()
     patches.set(random, "_CUDA_RNG_STATE_TRACKER", _TRACKER_CLASS())
     patches.set(random, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", True)
+    patches.set(random, "_get_cuda_rng_state", _get_cpu_rng_state)
+    patches.set(random, "_set_cuda_rng_state", _set_cpu_rng_state)
+    checkpoint = random.CheckpointFunction
+    patches.set(checkpoint, "backward", _recompute_on_cpu(checkpoint.backward))
     # Cache the modules that import triton while the stub is in place (0.18+).
     for name in ("megatron.core.models.gpt.gpt_model", "megatron.core.pipeline_parallel"):
         importlib.import_module(name)
@@ -296,8 +325,9 @@ def megatron_cpu() -> Iterator[MegatronFlags]:
 
     With CUDA available nothing is patched. Nested entries share the outer one's shims.
     Import megatron modules inside the context (the triton stand-in exists only here; modules
-    imported under it stay usable afterwards). Megatron's own ``tensor_parallel.checkpoint``
-    (``recompute_granularity``) saves CUDA RNG state and is not supported on CPU.
+    imported under it stay usable afterwards). Megatron's own activation recompute
+    (``recompute_granularity``) saves and restores the CPU generator's state in place of the
+    CUDA one.
     """
     global _depth
     flags = megatron_flags()

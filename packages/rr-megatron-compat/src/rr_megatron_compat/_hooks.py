@@ -1,0 +1,206 @@
+"""The wrappers :func:`rr_megatron_compat.install` puts around Megatron's router.
+
+Shapes: T tokens, E experts, K top-k.
+
+``TopKRouter.routing`` is wrapped on every line: for a router attached to an rr controller in a
+mode other than OFF it opens a :class:`_Call` (which router is routing), runs Megatron's own
+routing, and raises if the selection hook never fired (fused routing, sinkhorn, or a 0.16+
+config built without ``moe_enable_routing_replay``: never a silent native fall-through). The
+selection hook then hands Megatron's selection scores to :func:`rr_core.router_topk`:
+
+- 0.16+: ``RouterReplay.get_replay_topk``, Megatron's native hook point;
+- 0.12 - 0.15: the top-k function the router calls is run with group-limited selection forced
+  on, so its top-k step goes through ``moe_utils.group_limited_topk``, which the hook replaces
+  for that call (the real group setting is applied by :func:`_select`).
+
+Everything around the selection (score function, pre-softmax, expert bias, scaling factor,
+capacity, aux / seq-aux / global-aux and z losses) stays Megatron's code on every line.
+Routers that are not attached, or attached in OFF mode, run Megatron's code untouched.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rr_core import ReplayError, ReplayMode, controller_of, router_topk
+from rr_megatron_compat import _dispatcher, _stats
+
+
+@dataclass
+class _Call:
+    """One routing call of an attached router."""
+
+    router: nn.Module
+    fired: int = 0
+    steer: bool = False  # 0.12 - 0.15: inside the top-k function, steered to group selection
+    num_groups: int | None = None
+    group_topk: int | None = None
+
+
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "rr_megatron_call", default=None
+)
+
+
+def _layer(router: nn.Module) -> int:
+    return int(getattr(router, "layer_number", 0) or 0)
+
+
+def _active_mode(router: nn.Module) -> ReplayMode:
+    controller = controller_of(router)
+    if controller is None:
+        return ReplayMode.OFF
+    return controller.mode_of(_layer(router))
+
+
+def routing_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``TopKRouter.routing``: mark the routing router, check that replay took effect."""
+    if instance is None or _active_mode(instance) is ReplayMode.OFF:
+        return wrapped(*args, **kwargs)
+    call = _Call(instance)
+    token = _CALL.set(call)
+    try:
+        probs, routing_map = wrapped(*args, **kwargs)
+    finally:
+        _CALL.reset(token)
+    if not call.fired:
+        raise ReplayError(
+            f"layer {_layer(instance)}: the router ran but rr's top-k hook never fired, so "
+            "replay / record did not take effect. Causes: moe_router_fusion=True (C2), "
+            "sinkhorn load balancing, or on megatron-core 0.16+ a config built without "
+            "moe_enable_routing_replay (call rr_megatron_compat.enable_replay(config) before "
+            "building the model)"
+        )
+    padding_mask = kwargs.get("padding_mask", args[1] if len(args) > 1 else None)
+    _stats.after_routing(instance, routing_map, padding_mask)
+    if _active_mode(instance) is ReplayMode.REPLAY:
+        _dispatcher.mark_replayed()
+    return probs, routing_map
+
+
+def group_masked_scores(
+    scores_TE: torch.Tensor, topk: int, num_groups: int, group_topk: int
+) -> torch.Tensor:
+    """Megatron's group-limited selection as a mask: scores of experts outside the token's
+    ``group_topk`` best groups become -inf (``moe_utils.group_limited_topk`` selects the plain
+    top-k of exactly this tensor, on every line 0.12 - 0.19)."""
+    num_tokens, num_experts = scores_TE.shape
+    group_scores_TG = (
+        scores_TE.view(num_tokens, num_groups, -1).topk(topk // group_topk, dim=-1)[0].sum(dim=-1)
+    )
+    group_idx = torch.topk(group_scores_TG, k=group_topk, dim=-1, sorted=False)[1]
+    group_mask_TG = torch.zeros_like(group_scores_TG)
+    group_mask_TG.scatter_(1, group_idx, 1)
+    score_mask_TE = (
+        group_mask_TG.unsqueeze(-1)
+        .expand(num_tokens, num_groups, num_experts // num_groups)
+        .reshape(num_tokens, -1)
+    )
+    return scores_TE.masked_fill(~score_mask_TE.bool(), float("-inf"))
+
+
+def _select(
+    call: _Call,
+    scores_TE: torch.Tensor,
+    topk: int,
+    num_groups: int | None,
+    group_topk: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k step of an attached router: values and ids as Megatron's own would return."""
+    call.fired += 1
+    if group_topk:
+        if not num_groups:
+            raise ReplayError(
+                f"layer {_layer(call.router)}: moe_router_group_topk={group_topk} needs "
+                "moe_router_num_groups"
+            )
+        selection_TE = group_masked_scores(scores_TE, topk, num_groups, group_topk)
+        out = router_topk(call.router, selection_TE, topk, values_TE=scores_TE)
+    else:
+        out = router_topk(call.router, scores_TE, topk)
+    return out.values_TK, out.ids_TK
+
+
+_SIGNATURES: dict[Any, inspect.Signature] = {}
+
+
+def _bind(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    signature = _SIGNATURES.get(wrapped)
+    if signature is None:
+        signature = _SIGNATURES[wrapped] = inspect.signature(wrapped)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound
+
+
+def topk_function_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """0.12 - 0.15: ``topk_softmax_with_capacity`` / ``topk_routing_with_score_function`` as
+    the router calls them. Steers the selection through ``group_limited_topk``."""
+    call = _CALL.get()
+    if call is None or call.steer:
+        return wrapped(*args, **kwargs)
+    bound = _bind(wrapped, args, kwargs)
+    arguments = bound.arguments
+    if arguments.get("fused"):
+        return wrapped(*args, **kwargs)  # fusion skips the hook; routing_wrapper raises (C2)
+    call.num_groups, call.group_topk = arguments["num_groups"], arguments["group_topk"]
+    arguments["num_groups"] = arguments["num_groups"] or 1
+    arguments["group_topk"] = arguments["group_topk"] or 1
+    call.steer = True
+    try:
+        return wrapped(*bound.args, **bound.kwargs)
+    finally:
+        call.steer = False
+
+
+def group_select_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """0.12 - 0.15: ``moe_utils.group_limited_topk``, the steered selection step."""
+    call = _CALL.get()
+    if call is None or not call.steer:
+        return wrapped(*args, **kwargs)
+    bound = _bind(wrapped, args, kwargs)
+    return _select(
+        call, bound.arguments["scores"], bound.arguments["topk"], call.num_groups, call.group_topk
+    )
+
+
+def native_select_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """0.16+: ``RouterReplay.get_replay_topk`` of an attached router goes to rr; every other
+    RouterReplay (orphans, models rr does not drive) keeps Megatron's native behaviour."""
+    call = _CALL.get()
+    if call is None or getattr(call.router, "router_replay", None) is not instance:
+        return wrapped(*args, **kwargs)
+    action = getattr(instance, "router_replay_action", None)
+    if action is not None:
+        raise ReplayError(
+            f"layer {_layer(call.router)}: Megatron's native RouterReplay action {action} is set "
+            "on a router an rr controller drives; use one mechanism (clear the native action "
+            "with RouterReplay.clear_global_router_replay_action())"
+        )
+    bound = _bind(wrapped, args, kwargs)
+    a = bound.arguments
+    return _select(call, a["scores"], a["topk"], a["num_groups"], a["group_topk"])
+
+
+WRAPPERS: dict[str, Callable[..., Any]] = {
+    "routing": routing_wrapper,
+    "topk_function": topk_function_wrapper,
+    "group_select": group_select_wrapper,
+    "native_select": native_select_wrapper,
+    "alltoall_preprocess": _dispatcher.alltoall_preprocess_wrapper,
+}

@@ -1,0 +1,57 @@
+"""Compat tests run against a real megatron-core (one nox session per line); without one every
+test that needs it is skipped with the reason. A test that leaves rr's hooks installed or
+routers attached fails."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import rr_core
+
+HERE = Path(__file__).parent
+#: Tests that run without megatron-core (version flags, lazy imports, the doctor view).
+NO_MEGATRON_NEEDED = ("test_compat_install.py::test_nomegatron_",)
+
+
+def _unavailable() -> str | None:
+    try:
+        from rr_fakes.megatron import megatron_cpu
+
+        with megatron_cpu():
+            importlib.import_module("megatron.core")
+    except ImportError as error:
+        return f"megatron-core unavailable: {error}"
+    return None
+
+
+REASON = _unavailable()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if REASON is None:
+        return
+    for item in items:
+        if HERE in item.path.parents and not any(k in item.nodeid for k in NO_MEGATRON_NEEDED):
+            item.add_marker(pytest.mark.skip(reason=REASON))
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_patches() -> Iterator[None]:
+    """Fail a test that leaves rr's Megatron hooks installed or routers attached (under xdist
+    one worker runs many tests: a leaked hook would change what later tests observe)."""
+    before = rr_core.attached_router_count()
+    yield
+    from rr_megatron_compat._install import installed_hooks
+
+    hooks = installed_hooks()
+    leaked = rr_core.attached_router_count() - before
+    if hooks:
+        from rr_megatron_compat import uninstall
+
+        uninstall()
+    assert not hooks, f"test left rr's hooks installed: {hooks}; call uninstall()"
+    assert leaked <= 0, f"test left {leaked} routers attached; call controller.detach()"
