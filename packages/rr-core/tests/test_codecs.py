@@ -68,6 +68,12 @@ def random_batch(
     )
 
 
+def as_uint8(batch: RouteBatch) -> RouteBatch:
+    """The same batch with uint8 ids: the set codec's fast path takes those (E <= 256, K = 8)."""
+    v = batch.values_NLK.to(torch.uint8)
+    return RouteBatch(v, batch.offsets_B1, batch.valid_N, batch.meta, allow_all_zero=True)
+
+
 @st.composite
 def batches(draw: st.DrawFn) -> RouteBatch:
     E = draw(st.sampled_from(EXPERTS))
@@ -283,3 +289,128 @@ def test_fast_set_path_matches_the_general_one(E: int) -> None:
         twice = ids_RK.clone()
         twice[row, i] = twice[row, j]
         assert rank_fast(twice, E) is None
+
+
+def test_set_codec_falls_back_when_casts_drop_low_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If numpy's narrowing casts ever stop keeping the low bits, the general path decodes."""
+    from rr_core import _codec_set_fast
+
+    assert _codec_set_fast._low_bytes_cast()
+    batch = random_batch(np.random.default_rng(7), 128, 8, lengths=[40, 30], layers=5)
+    batch = as_uint8(batch)
+    fast = encode_routes(batch, "set")
+    monkeypatch.setattr(_codec_set_fast, "_low_bytes_cast", lambda: False)
+    assert not _codec_set_fast.fast_shape(128, 8, torch.uint8, torch.device("cpu"))
+    general = encode_routes(batch, "set")
+    assert torch.equal(fast.payload, general.payload)
+    slow_ids = decode_routes(general).values_NLK
+    monkeypatch.undo()
+    fast_ids = decode_routes(fast).values_NLK
+    assert torch.equal(fast_ids, slow_ids)
+    assert torch.equal(fast_ids, batch.values_NLK.sort(dim=2).values)
+
+
+@pytest.mark.parametrize("width", [32, 33, 40, 41, 44, 49, 55, 56])
+def test_word_streams_match_the_field_streams(width: int) -> None:
+    from rr_core._bitpack_words import BLOCK as WORD_BLOCK
+    from rr_core._bitpack_words import covers, pack_words, unpack_words
+
+    assert covers(width, torch.device("cpu"))
+    rng = np.random.default_rng(width)
+    for count in (0, 1, 7, 8, 9, 8 * WORD_BLOCK, 16 * WORD_BLOCK + 13):
+        fields = torch.from_numpy(rng.integers(0, 1 << width, count, dtype=np.int64))
+        fields[: min(count, 3)] = (1 << width) - 1  # every bit set: spills reach the neighbours
+        stream = pack_fields(fields, width)
+        assert torch.equal(pack_words(fields, width), stream)
+        assert torch.equal(unpack_words(stream, count, width), fields)
+        framed = torch.cat([torch.tensor([7], dtype=torch.uint8), stream])[1:]  # offset storage
+        assert torch.equal(unpack_words(framed, count, width), fields)
+    with pytest.raises(ValueError, match="bytes"):
+        unpack_words(torch.zeros(9, dtype=torch.uint8), 1, width)
+
+
+@pytest.mark.parametrize("E", [60, 128, 185, 186, 256])
+def test_fast_unranking_at_every_threshold(E: int) -> None:
+    """Ranks next to every ``C(c, k)`` and to sums of them: each bucket, threshold compare and
+    the last-ids table agree with the general unranking."""
+    from rr_core._codec_set import unrank_single
+    from rr_core._codec_set_fast import _last_ids, unrank_fast
+
+    m, last = _last_ids(E)
+    assert m == (3 if E <= 185 else 2)
+    ids = last.numpy()
+    c = [(ids >> (8 * i)) & 0xFF for i in range(m)]
+    ranks = sum(np.array([math.comb(int(x), i + 1) for x in col]) for i, col in enumerate(c))
+    assert np.array_equal(ranks, np.arange(math.comb(E, m)))  # entry r holds the set of rank r
+    total = math.comb(E, 8)
+    near = {math.comb(x, k) + d for k in range(1, 9) for x in range(E + 1) for d in (-1, 0, 1)}
+    near |= {math.comb(x, 8) + math.comb(y, 7) + d for x in range(E) for y in range(0, x, 5)
+             for d in (-1, 0, 1)}  # fmt: skip
+    ranks_R = torch.tensor(sorted(v for v in near if 0 <= v < total), dtype=torch.int64)
+    out = unrank_fast(ranks_R, E)
+    assert torch.equal(out.to(torch.int64), unrank_single(ranks_R, E, 8))
+
+
+def test_set_codec_with_a_single_set_costs_nothing() -> None:
+    """E = K = 8 on uint8 ids: the fast shape, but zero-bit ranks take the general path."""
+    batch = random_batch(np.random.default_rng(8), 8, 8, lengths=[3, 2])
+    batch = as_uint8(batch)
+    encoded = encode_routes(batch, "set")
+    assert encoded.payload.numel() == 0
+    assert torch.equal(decode_routes(encoded).values_NLK, batch.values_NLK.sort(dim=2).values)
+
+
+def test_fast_set_decoding_reports_a_corrupt_rank_in_any_block() -> None:
+    from rr_core._codec_set_fast import BLOCK as SET_BLOCK
+
+    E, N = 128, 2 * SET_BLOCK + 9
+    meta = RouteMeta(num_experts=E, top_k=8, layer_axis="moe_layers", layer_numbers=(1,))
+    rng = np.random.default_rng(5)
+    ids = np.argsort(rng.random((N, E)), axis=1)[:, :8].astype(np.uint8)
+    batch = RouteBatch(torch.from_numpy(ids[:, None, :]), [0, N], None, meta)
+    enc = encode_routes(batch, "set")
+    ranks = rank_sets(torch.from_numpy(ids), E, single_out=True)
+    width = set_width(E, 8)
+    assert torch.equal(enc.payload, pack_fields(ranks, width))
+    for row in (0, SET_BLOCK + 3, N - 1):
+        bad_ranks = ranks.clone()
+        bad_ranks[row] = math.comb(E, 8)
+        bad = EncodedRoutes(
+            codec="set",
+            meta=meta,
+            num_rows=N,
+            offsets_B1=enc.offsets_B1,
+            valid_bits=enc.valid_bits,
+            payload=pack_fields(bad_ranks, width),
+        )
+        with pytest.raises(CodecError, match="corrupt"):
+            decode_routes(bad)
+
+
+@pytest.mark.parametrize("E", [16, 60, 128, 185, 186, 256])
+def test_fast_set_payloads_match_the_general_path(E: int) -> None:
+    """uint8 ids take the fast path (ranks packed block by block); int64 ids the general one."""
+    from rr_core._codec_set_fast import BLOCK as SET_BLOCK
+
+    rng = np.random.default_rng(E)
+    general = random_batch(rng, E, 8, lengths=[SET_BLOCK // 3 + 5, 7], layers=4, valid_share=0.9)
+    fast = as_uint8(general)
+    enc = encode_routes(fast, "set")
+    assert torch.equal(enc.payload, encode_routes(general, "set").payload)
+    assert torch.equal(decode_routes(enc).values_NLK, fast.values_NLK.sort(dim=2).values)
+
+
+@pytest.mark.parametrize("E", [8, 60, 128, 160, 256])
+def test_fast_unrank_tables_step_one_bucket_past_a_threshold(E: int) -> None:
+    """``bucket + (rank >= thr)`` indexes the same entry as the general ``2 * bucket + ...``."""
+    from rr_core._codec_set import _greedy_cpu
+    from rr_core._codec_set_fast import _unrank_tables
+
+    for (shift, thr, packed), k in zip(_unrank_tables(E), range(8, 0, -1), strict=False):
+        bits, thr_ref, sub, val = _greedy_cpu(E, k)
+        assert shift == 23 - bits
+        assert torch.equal(thr, thr_ref)
+        ref = (sub << 8) | val
+        real = (thr < 1 << 62).nonzero()[:, 0]  # buckets holding a threshold
+        assert torch.equal(packed[:-1], ref[0::2])
+        assert torch.equal(packed[real + 1], ref[2 * real + 1])

@@ -9,17 +9,20 @@ block is a few dozen numpy operations over whole columns, never a loop over rows
 - Ranking: the block's K id columns are copied out and sorted by Batcher's odd-even merge network
   (19 elementwise min/max pairs on uint8). Sorted positions ``(2p, 2p + 1)`` then index a table of
   ``C(a, 2p + 1) + C(b, 2p + 2)``, four gathers per row in all. Pairs with ``a >= b`` (a repeated
-  id) hold ``DUP``, which no sum of true ranks reaches.
-- Unranking: greedy from ``c_8`` down to ``c_3``, each position one bucket of the float32 rank, one
-  threshold compare and one gather of ``C(c, k) << 8 | c``; the last two positions come from one
-  table indexed by the remaining rank, below ``C(E, 2)``. The ids accumulate in one uint64 word per
-  row (``c_1`` lowest), viewed as uint8 ``[R, 8]`` at the end: no column interleave.
+  id) hold ``DUP``, which no sum of true ranks reaches. A caller may take each block's ranks while
+  they are in cache (``put``), and feed each block to the unranking the same way (``get``).
+- Unranking: greedy from ``c_8`` down, each position one bucket of the float32 rank, one
+  threshold compare and one gather of ``C(c, k) << 8 | c``; the last three ids (two for ``E`` above
+  185) come from one table indexed by the remaining rank, below ``C(E, 3)``. Each id is the low
+  byte of its table entry, cast straight into its column of the uint8 ``[R, 8]`` output (a cast
+  checked once at runtime).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -27,8 +30,10 @@ import torch
 
 from rr_core._codec_set import _greedy_cpu
 
+Put = Callable[[int, np.ndarray], object]  # (first row, a block of int64 ranks viewed as uint64)
 BLOCK = 1 << 16
 TOP_K = 8
+LAST_TABLE = 1 << 20  # entries of the table of the last three ids (int32)
 DUP = 1 << 56  # above every rank of E <= 256 ids, and 4 of them stay below 2**63
 _NETWORK = (
     (0, 1), (2, 3), (4, 5), (6, 7), (0, 2), (1, 3), (4, 6), (5, 7), (1, 2), (5, 6),
@@ -43,9 +48,26 @@ def fast_shape(num_experts: int, top_k: int, ids_dtype: torch.dtype, device: tor
         and TOP_K <= num_experts <= 256
         and device.type == "cpu"
         and ids_dtype == torch.uint8
-        and sys.byteorder == "little"  # the uint64 word of a row is its 8 bytes, c_1 lowest
+        and sys.byteorder == "little"  # a row's first uint16 is c_1 | c_2 << 8
         and _buckets_agree(num_experts)
+        and _low_bytes_cast()
     )
+
+
+@lru_cache(maxsize=1)
+def _low_bytes_cast() -> bool:
+    """Does numpy's unsafe int64 / int32 -> uint8 / uint16 cast keep the low bits (C's modular
+    conversion), as :func:`unrank_fast` needs to write ids straight from its table entries?"""
+    v = [(c << 8 | a) + (s << 16) for s in (0, 1, 127, 1 << 40) for c in (0, 127, 255)
+         for a in (0, 1, 128, 255)]  # fmt: skip
+    for dtype, values in ((np.int64, v), (np.int32, [x for x in v if x < 1 << 31])):
+        src = np.array(values, dtype=dtype)
+        for to, mask in ((np.uint8, 0xFF), (np.uint16, 0xFFFF)):
+            low = np.empty(src.size, dtype=to)
+            np.copyto(low, src, casting="unsafe")
+            if low.tolist() != [x & mask for x in values]:
+                return False
+    return True
 
 
 @lru_cache(maxsize=16)
@@ -77,13 +99,17 @@ def _pair_tables(num_experts: int) -> tuple[int, np.ndarray]:
     return shift, out
 
 
-def rank_fast(ids_RK: torch.Tensor, num_experts: int) -> torch.Tensor | None:
-    """Ranks int64 ``[R]`` of uint8 id rows ``[R, 8]``, or None if a row repeats an id."""
+def rank_fast(
+    ids_RK: torch.Tensor, num_experts: int, put: Put | None = None
+) -> torch.Tensor | None:
+    """Ranks int64 ``[R]`` of uint8 id rows ``[R, 8]``, or None if a row repeats an id. With
+    ``put``, each block's ranks go to ``put(first row, ranks)`` while in cache instead (the
+    return value then only tells success)."""
     R = ids_RK.shape[0]
     shift, tables = _pair_tables(num_experts)
     src = ids_RK.contiguous().numpy()
-    out = np.empty(R, dtype=np.int64)
     B = min(BLOCK, R)
+    out = np.empty(R if put is None else B, dtype=np.int64)
     cols = [np.empty(B, dtype=np.uint8) for _ in range(TOP_K + 1)]
     cols_KB = np.empty((TOP_K, B), dtype=np.uint8)
     idx = np.empty(B, dtype=np.int32)
@@ -103,7 +129,7 @@ def rank_fast(ids_RK: torch.Tensor, num_experts: int) -> torch.Tensor | None:
         for i in (1, 3, 5):  # pairs inside the table flag a repeat themselves
             if np.equal(c[i], c[i + 1], out=same[:n]).any():
                 return None
-        acc = out[a : a + n]
+        acc = out[a : a + n] if put is None else out[:n]
         t_acc = torch.from_numpy(acc)
         for p in range(TOP_K // 2):
             np.left_shift(c[2 * p + 1], shift, out=idx[:n], dtype=np.int32)
@@ -112,65 +138,85 @@ def rank_fast(ids_RK: torch.Tensor, num_experts: int) -> torch.Tensor | None:
             torch.index_select(t_tables[p], 0, t_idx[:n], out=dst)
             if p:
                 np.add(acc, part[:n], out=acc)
-    if R and int(out.max()) >= DUP:
-        return None
+        if n and int(acc.max()) >= DUP:
+            return None
+        if put is not None:
+            put(a, acc.view(np.uint64))
     return torch.from_numpy(out)
 
 
 @lru_cache(maxsize=16)
 def _unrank_tables(num_experts: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """Per position ``k = 8 .. 3``: ``(bits, thr [buckets], C(c, k) << 8 | c [2 * buckets])``."""
+    """Per position ``k = 8 .. m + 1`` (``m`` from :func:`_last_ids`):
+    ``(bits, thr [buckets], C(c, k) << 8 | c [buckets + 1])``, the second indexed by
+    ``bucket + (rank >= thr)``: the answer one past a bucket's threshold is the answer below the
+    next bucket, which starts above that threshold (at most one threshold per bucket)."""
     out = []
-    for k in range(TOP_K, 2, -1):
+    for k in range(TOP_K, _last_ids(num_experts)[0], -1):
         bits, thr, sub, val = _greedy_cpu(num_experts, k)
-        out.append((23 - bits, thr, (sub << 8) | val))
+        packed = (sub << 8) | val  # [2 * buckets]: 2 * bucket + (rank >= thr)
+        out.append((23 - bits, thr, torch.cat([packed[0::2], packed[-1:]])))
     return out
 
 
 @lru_cache(maxsize=16)
-def _last_two(num_experts: int) -> torch.Tensor:
-    """``c_1 | c_2 << 8`` (int64) of every rank ``C(c_2, 2) + c_1`` below ``C(E, 2)``."""
-    c2 = [b for b in range(num_experts) for _ in range(b)]
-    c1 = [a for b in range(num_experts) for a in range(b)]
-    return torch.tensor(c1, dtype=torch.int64) | torch.tensor(c2, dtype=torch.int64) << 8
+def _last_ids(num_experts: int) -> tuple[int, torch.Tensor]:
+    """``(m, ids [C(E, m)])``: the last ``m`` ids of every rank below ``C(E, m)``, one table
+    lookup for them all, as int32 ``c_1 | c_2 << 8 | ...``. ``m = 3`` while that table stays
+    within ``LAST_TABLE`` entries, else 2."""
+    E = num_experts
+    c2 = np.array([b for b in range(E) for _ in range(b)], dtype=np.int32)
+    c1 = np.array([a for b in range(E) for a in range(b)], dtype=np.int32)
+    two = c1 | c2 << 8  # colex order: the index is the rank C(c_2, 2) + c_1
+    if math.comb(E, 3) > LAST_TABLE:
+        return 2, torch.from_numpy(two)
+    three = [two[: math.comb(c, 2)] | np.int32(c << 16) for c in range(E)]
+    return 3, torch.from_numpy(np.concatenate(three))
 
 
-def unrank_fast(rank_R: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Sorted uint8 ids ``[R, 8]`` of int64 ranks below ``C(E, 8)`` (the caller checks)."""
-    R = rank_R.shape[0]
+def unrank_fast(rank_R: torch.Tensor, num_experts: int) -> torch.Tensor | None:
+    """Sorted uint8 ids ``[R, 8]`` of int64 ranks, or None if a rank is ``>= C(E, 8)``."""
+    src = rank_R.numpy()
+    return unrank_from(
+        rank_R.shape[0], num_experts, lambda a, r: np.copyto(r, src[a : a + r.size].view(np.uint64))
+    )
+
+
+def unrank_from(R: int, num_experts: int, get: Put) -> torch.Tensor | None:
+    """:func:`unrank_fast` of ``R`` ranks that ``get(first row, block)`` writes, a block at a
+    time, into an int64 block (viewed as uint64)."""
+    total = math.comb(num_experts, TOP_K)
     steps = _unrank_tables(num_experts)
-    last = _last_two(num_experts)
-    words = np.empty(R, dtype=np.uint64)
+    m, last = _last_ids(num_experts)
+    out_RK = np.empty((R, TOP_K), dtype=np.uint8)
     B = min(BLOCK, R)
     r = np.empty(B, dtype=np.int64)
     f = np.empty(B, dtype=np.float32)
     b = np.empty(B, dtype=np.int32)
     thr = np.empty(B, dtype=np.int64)
     v = np.empty(B, dtype=np.int64)
+    low = np.empty(B, dtype=np.int32)
     ge = np.empty(B, dtype=bool)
     t_b, t_thr, t_v = torch.from_numpy(b), torch.from_numpy(thr), torch.from_numpy(v)
-    src = rank_R.numpy()
     for a in range(0, R, B):
         n = min(B, R - a)
-        rn, fn, bn, vn, gn = r[:n], f[:n], b[:n], v[:n], ge[:n]
-        w = words[a : a + n].view(np.int64)
-        np.copyto(rn, src[a : a + n])
+        rn, fn, bn, vn, gn, ln = r[:n], f[:n], b[:n], v[:n], ge[:n], low[:n]
+        get(a, rn.view(np.uint64))
+        if int(rn.view(np.uint64).max()) >= total:  # no set: the payload is corrupt
+            return None
         for step, (shift, thr_T, packed_T) in enumerate(steps):
             np.copyto(fn, rn, casting="unsafe")  # monotone and exact enough for a bucket
             np.right_shift(fn.view(np.int32), shift, out=bn)
             torch.index_select(thr_T, 0, t_b[:n], out=t_thr[:n])
             np.greater_equal(rn, thr[:n], out=gn)
-            np.left_shift(bn, 1, out=bn)
             np.add(bn, gn, out=bn)
             torch.index_select(packed_T, 0, t_b[:n], out=t_v[:n])
-            if step:
-                np.left_shift(w, 8, out=w)
-                np.bitwise_or(w, vn & 0xFF, out=w)
-            else:
-                np.bitwise_and(vn, 0xFF, out=w)
+            np.copyto(out_RK[a : a + n, TOP_K - 1 - step], vn, casting="unsafe")  # c: low byte
             np.right_shift(vn, 8, out=vn)
             np.subtract(rn, vn, out=rn)
-        torch.index_select(last, 0, torch.from_numpy(rn), out=t_v[:n])
-        np.left_shift(w, 16, out=w)
-        np.bitwise_or(w, vn, out=w)
-    return torch.from_numpy(words.view(np.uint8).reshape(R, TOP_K))
+        torch.index_select(last, 0, torch.from_numpy(rn), out=torch.from_numpy(ln))
+        np.copyto(out_RK[a : a + n].view(np.uint16)[:, 0], ln, casting="unsafe")
+        if m == 3:
+            np.right_shift(ln, 16, out=ln)
+            np.copyto(out_RK[a : a + n, 2], ln, casting="unsafe")
+    return torch.from_numpy(out_RK)

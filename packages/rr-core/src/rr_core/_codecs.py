@@ -19,7 +19,6 @@ exist where they are used.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,8 +34,9 @@ from rr_core._bitpack import (
     unpack_ids,
 )
 from rr_core._bitpack_bytes import pack_byte_ids, unpack_byte_ids
+from rr_core._bitpack_words import WordPacker, WordUnpacker, covers, pack_words, unpack_words
 from rr_core._codec_set import rank_sets, set_width, single_rank, unrank_sets, unrank_single
-from rr_core._codec_set_fast import fast_shape, rank_fast, unrank_fast
+from rr_core._codec_set_fast import fast_shape, rank_fast, unrank_fast, unrank_from
 from rr_core._errors import CodecError
 from rr_core._routes import RouteBatch, RouteMeta, narrowest_dtype
 
@@ -168,13 +168,31 @@ def encode_payload(rows_VMK: torch.Tensor, codec: CodecName, meta: RouteMeta) ->
             return pack_ids(flat, width)
         return pack_fields(flat.to(torch.int64), width)
     ids_RK, width = flat.reshape(-1, K), set_width(E, K)
-    if fast_shape(E, K, ids_RK.dtype, ids_RK.device) and ids_RK.shape[0]:
-        ranks_R = rank_fast(ids_RK, E)  # None: a repeated id, which the general path reports
-        if ranks_R is not None:
+    if fast_shape(E, K, ids_RK.dtype, ids_RK.device) and ids_RK.shape[0] and width:
+        # None: a repeated id, which the general path reports
+        if covers(width, ids_RK.device):  # each block of ranks is packed while in cache
+            packer = WordPacker(ids_RK.shape[0], width)
+            if rank_fast(ids_RK, E, packer.put) is not None:
+                return packer.stream()
+        elif (ranks_R := rank_fast(ids_RK, E)) is not None:
             return pack_fields(ranks_R, width)
     if single_rank(E, K) and width:  # one int64 field per set
-        return pack_fields(rank_sets(ids_RK, E, single_out=True), width)
+        return _pack_ranks(rank_sets(ids_RK, E, single_out=True), width)
     return pack_bits(rank_sets(ids_RK, E), width)
+
+
+def _pack_ranks(ranks_R: torch.Tensor, width: int) -> torch.Tensor:
+    """:func:`pack_fields` of int64 set ranks, through 64-bit words where they cover the width."""
+    if covers(width, ranks_R.device):
+        return pack_words(ranks_R, width)
+    return pack_fields(ranks_R, width)
+
+
+def _unpack_ranks(payload: torch.Tensor, pairs: int, width: int) -> torch.Tensor:
+    """Inverse of :func:`_pack_ranks`: int64 ranks ``[pairs]``."""
+    if covers(width, payload.device):
+        return unpack_words(payload, pairs, width)
+    return unpack_fields(payload, pairs, width)
 
 
 def decode_routes(
@@ -227,13 +245,16 @@ def _decode_payload(
             return ids
     else:
         width = set_width(E, K)
-        if fast_shape(E, K, dtype, payload.device) and pairs:
-            ranks_R = unpack_fields(payload, pairs, width)
-            if int(ranks_R.max()) >= math.comb(E, K):
+        if fast_shape(E, K, dtype, payload.device) and pairs and width:
+            if covers(width, payload.device):  # each block of ranks is unpacked into cache
+                fast = unrank_from(pairs, E, WordUnpacker(payload, pairs, width).get)
+            else:
+                fast = unrank_fast(unpack_fields(payload, pairs, width), E)
+            if fast is None:
                 raise CodecError(f"a set rank is >= C({E}, {K}); the payload is corrupt")
-            return unrank_fast(ranks_R, E).reshape(-1)
+            return fast.reshape(-1)
         if single_rank(E, K) and width:
-            ids_RK = unrank_single(unpack_fields(payload, pairs, width), E, K)
+            ids_RK = unrank_single(_unpack_ranks(payload, pairs, width), E, K)
         else:
             ids_RK = unrank_sets(unpack_bits(payload, pairs, width), E, K)
         return ids_RK.to(dtype).reshape(-1)
