@@ -438,3 +438,19 @@ def test_arm_batch_replays_a_packed_route_batch(controller: ReplayController) ->
     with pytest.raises(ReplayError, match="captured with E=7, K=2; this model has E=6"):
         controller.arm_batch(1, other)
     assert layers == (2, 3)
+
+
+def test_replay_mask_reports_the_rows_left_to_the_native_router(
+    controller: ReplayController,
+) -> None:
+    model = TinyModel(num_layers=2)
+    layers = controller.attach(model)
+    router = model.moe_layers()[1].router
+    assert controller.replay_mask(router) is None  # OFF
+    controller.set_mode(ReplayMode.REPLAY)
+    mask = torch.tensor([True, False, True])
+    controller.arm(4, random_routes(3, 2), layer_numbers=layers, replay_mask_T=mask)
+    with controller.microbatch(4):
+        assert controller.replay_mask(router) is mask
+    assert controller.replay_mask(router) is None  # micro-batch 0: nothing armed
+    controller.release(4)

@@ -427,6 +427,17 @@ class ReplayController:
         else:
             self._agreement[index] = (previous[0] + hits, previous[1] + rows.to(hits.device))
 
+    def replay_mask(self, router: nn.Module) -> torch.Tensor | None:
+        """The replay mask in effect for ``router``'s current call (rows marked False route
+        natively), for statistics that must skip rows the rollout never routed (C4). None when
+        every row is replayed, the router is not replaying, or nothing is armed."""
+        index = self._index.get(id(router))
+        if index is None or self._modes[index] is not ReplayMode.REPLAY:
+            return None
+        microbatch = self._resolve_microbatch(self._layers[index], _in_backward())
+        armed = self._armed.get(microbatch)
+        return None if armed is None else armed.mask_T
+
     # -- results and step end ------------------------------------------------------------------
     def recorded(self, microbatch: Hashable = DEFAULT_MICROBATCH) -> torch.Tensor:
         """The ids recorded for one micro-batch as ``[T, L, K]`` on the attached routers'

@@ -39,14 +39,8 @@ def ignore_unreplayed_rows(routers: Iterable[nn.Module], enabled: bool = True) -
 def armed_mask_T(router: nn.Module) -> torch.Tensor | None:
     """The replay mask armed for the micro-batch this router is routing now (None: all rows
     replayed, or nothing armed)."""
-    controller: Any = controller_of(router)
-    if controller is None:
-        return None
-    layer = int(getattr(router, "layer_number", 0) or 0)
-    in_backward = bool(torch._C._current_graph_task_id() != -1)
-    microbatch = controller._resolve_microbatch(layer, in_backward)
-    armed = controller._armed.get(microbatch)
-    return None if armed is None else armed.mask_T
+    controller = controller_of(router)
+    return None if controller is None else controller.replay_mask(router)
 
 
 def after_routing(
