@@ -93,3 +93,37 @@ def test_lazy_public_names_resolve() -> None:
         assert getattr(rr_core, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         rr_core.nope  # noqa: B018
+
+
+def test_doctor_shows_sections_published_by_packages(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def good() -> tuple[dict[str, str], str]:
+        return {"line": "0.16"}, "megatron-core  0.16.1  ok"
+
+    def broken() -> tuple[dict[str, str], str]:
+        raise ImportError("libhccl.so")
+
+    class FakeEntry:
+        def __init__(self, name: str, fn: Any) -> None:
+            self.name, self._fn = name, fn
+
+        def load(self) -> Any:
+            return self._fn
+
+    real = _doctor.entry_points
+
+    def fake(group: str) -> Any:
+        if group == _doctor.SECTIONS_GROUP:
+            return [FakeEntry("megatron", good), FakeEntry("npu", broken)]
+        return real(group=group)
+
+    monkeypatch.setattr(_doctor, "entry_points", fake)
+    assert _cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "[megatron]\nmegatron-core  0.16.1  ok" in out
+    assert "[npu]\nunavailable: ImportError: libhccl.so" in out
+    _cli.main(["doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["sections"]["megatron"] == {"line": "0.16"}
+    assert "libhccl.so" in report["sections"]["npu"]["error"]

@@ -16,6 +16,8 @@ from packaging.version import InvalidVersion, Version
 RR_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes")
 DEPENDENCIES = ("torch", "numpy", "megatron-core", "vllm", "torch-npu", "mindspeed")
 SUPPORTED_GROUP = "rr.supported"
+#: Packages add a view of their own to the report: ``section() -> (data, text)``.
+SECTIONS_GROUP = "rr.doctor"
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,19 @@ def diagnose() -> list[Finding]:
     return findings
 
 
+def sections() -> dict[str, tuple[Any, str]]:
+    """The views other rr packages publish (``rr.doctor`` group), by name. A view that fails
+    is reported as such: the doctor must answer whatever is broken."""
+    views: dict[str, tuple[Any, str]] = {}
+    for entry in sorted(entry_points(group=SECTIONS_GROUP), key=lambda e: e.name):
+        try:
+            views[entry.name] = entry.load()()
+        except Exception as exc:
+            message = f"unavailable: {type(exc).__name__}: {exc}"
+            views[entry.name] = ({"error": message}, message)
+    return views
+
+
 def render(findings: list[Finding]) -> str:
     width = max(len(f.name) for f in findings)
     lines = []
@@ -80,12 +95,15 @@ def render(findings: list[Finding]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    findings = diagnose()
+    findings, views = diagnose(), sections()
     if args.json:
         payload: dict[str, Any] = {f.name: asdict(f) for f in findings}
+        payload["sections"] = {name: data for name, (data, _) in views.items()}
         print(json.dumps(payload, indent=2))
     else:
         print(render(findings))
+        for name, (_, text) in views.items():
+            print(f"\n[{name}]\n{text}")
     return 1 if any(f.ok is False for f in findings) else 0
 
 

@@ -57,6 +57,12 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def doctor_section() -> tuple[dict[str, Any], str]:
+    """This view as a section of ``rr doctor`` (entry point ``rr.doctor``)."""
+    report = megatron_report()
+    return report, render(report)
+
+
 def _run(args: argparse.Namespace) -> int:
     report = megatron_report()
     print(json.dumps(report, indent=2) if args.json else render(report))
