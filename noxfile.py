@@ -19,6 +19,9 @@ ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
 TORCH = "torch==2.13.0"
 ALL_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes")
+# xdist by default; a fixed hypothesis seed so a gate run is reproducible (run pytest directly,
+# or pass posargs, to explore new examples).
+PYTEST_DEFAULTS = ["-n", "auto", "-q", "--hypothesis-seed=0"]
 
 # The megatron-core matrix is plain data in rr_fakes (read by path: no torch import here).
 MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = runpy.run_path(
@@ -67,7 +70,7 @@ def core(session: nox.Session) -> None:
     """rr-core, rr-fakes and rr-vllm tests (pytest-xdist), torch only: no megatron, no vllm."""
     install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm"))
     report_versions(session)
-    args = session.posargs or ["-n", "auto", "-q"]
+    args = session.posargs or PYTEST_DEFAULTS
     tests = [str(PACKAGES / name / "tests") for name in ("rr-core", "rr-fakes", "rr-vllm")]
     session.run("pytest", *tests, *args)
 
@@ -80,7 +83,7 @@ def vllm(session: nox.Session) -> None:
     install_with_torch(session, *VLLM_DATA["VLLM_IMPORT_DEPS"])
     install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm"))
     report_versions(session)
-    args = session.posargs or ["-n", "auto", "-q"]
+    args = session.posargs or PYTEST_DEFAULTS
     session.run("pytest", str(PACKAGES / "rr-vllm" / "tests"), *args)
 
 
@@ -115,5 +118,5 @@ def megatron(session: nox.Session, line: str) -> None:
         "import importlib.metadata as m; "
         "print(*(f'{d}=={m.version(d)}' for d in ('torch', 'megatron-core')))",
     )
-    args = session.posargs or ["-n", "auto", "-q"]
+    args = session.posargs or PYTEST_DEFAULTS
     session.run("pytest", *map(str, MEGATRON_TESTS), *args)
