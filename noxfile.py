@@ -13,7 +13,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "core", "vllm", "megatron"]
+nox.options.sessions = ["lint", "core", "vllm", "megatron", "distributed"]
 
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
@@ -109,7 +109,9 @@ def bench(session: nox.Session) -> None:
 def megatron(session: nox.Session, line: str) -> None:
     """Real megatron-core on CPU, one pinned release per line: harness and compat tests."""
     release, flags, extras = MEGATRON_LINES[line]
-    install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat"))
+    install_with_torch(
+        session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm")
+    )
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     report_versions(session)
     session.run(
@@ -120,3 +122,37 @@ def megatron(session: nox.Session, line: str) -> None:
     )
     args = session.posargs or PYTEST_DEFAULTS
     session.run("pytest", *map(str, MEGATRON_TESTS), *args)
+
+
+DISTRIBUTED_LINES = (next(iter(MEGATRON_LINES)), list(MEGATRON_LINES)[-1])  # oldest, newest
+
+
+@nox.session(python="3.11")
+@nox.parametrize("line", list(DISTRIBUTED_LINES), ids=list(DISTRIBUTED_LINES))
+def distributed(session: nox.Session, line: str) -> None:
+    """Two-process gloo replay: PP=2 1F1B R3 across stages, EP=2 alltoall with duplicate ids,
+    PP=2 x VPP=2 interleaved with activation recompute (oldest and newest line)."""
+    release, flags, extras = MEGATRON_LINES[line]
+    install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat"))
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    report_versions(session)
+    args = session.posargs or ["-q", "-p", "no:xdist"]  # each test already runs two ranks
+    session.run(
+        "pytest",
+        str(PACKAGES / "rr-megatron-compat" / "tests" / "distributed"),
+        *args,
+        env={"RR_DISTRIBUTED": "1"},
+    )
+
+
+@nox.session(python="3.11", default=False)
+def demo(session: nox.Session) -> None:
+    """The main job on CPU: roll out, capture as vLLM returns it, replay in real Megatron."""
+    release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]  # the newest line
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_with_torch(session, "--no-deps", f"vllm=={VLLM_DATA['TESTED_VLLM']}")
+    install_with_torch(session, *VLLM_DATA["VLLM_IMPORT_DEPS"])
+    install_with_torch(
+        session, *editable("rr-core", "rr-fakes[demo]", "rr-megatron-compat", "rr-vllm")
+    )
+    session.run("rr", "demo", *(session.posargs or ["--plot", str(ROOT / "rr-demo.png")]))

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rr_core import ReplayController, ReplayMode, TopK
+from rr_core import ReplayController, ReplayMode, TopK, walk_routers
 from rr_fakes.engines import NO_FAULTS, Faults, VllmEra, sglang_response, vllm_request_output
 
 ForwardFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
@@ -43,6 +43,16 @@ class _NoisyRecorder(ReplayController):
     def __init__(self, *, noise: float, generator: torch.Generator, **kw: Any) -> None:
         super().__init__(measure_agreement=False, **kw)
         self.noise, self.generator = noise, generator
+        self.used: dict[int, torch.Tensor] = {}  # id(router) -> ids it used in the last forward
+        self._walked: list[nn.Module] = []
+
+    def attach(self, model: Any, **kw: Any) -> tuple[int, ...]:
+        layers = super().attach(model, **kw)
+        self._walked = [router for _, router in walk_routers(model)]
+        return layers
+
+    def used_in_layer_order(self) -> list[torch.Tensor]:
+        return [self.used[id(router)] for router in self._walked]
 
     def route(
         self,
@@ -56,8 +66,11 @@ class _NoisyRecorder(ReplayController):
             noise_TE = torch.randn(scores_TE.shape, generator=self.generator)
             selection_TE = scores_TE + self.noise * noise_TE.to(scores_TE)
             values_TE = scores_TE if values_TE is None else values_TE
-            return super().route(router, selection_TE, k, values_TE=values_TE)
-        return super().route(router, scores_TE, k, values_TE=values_TE)
+            out = super().route(router, selection_TE, k, values_TE=values_TE)
+        else:
+            out = super().route(router, scores_TE, k, values_TE=values_TE)
+        self.used[id(router)] = out.ids_TK.detach()
+        return out
 
 
 @dataclass(frozen=True)
@@ -143,15 +156,13 @@ class RolloutEmulator:
             top_k=self.top_k,
         )
         layers = recorder.attach(self.model)
-        recorder.set_mode(ReplayMode.RECORD)
         try:
             sequence = [int(t) for t in prompt_ids]
             logits_V, rows = self._step(recorder, sequence)
             generated = [self._sample(logits_V, temperature)]
             while len(generated) < max_new_tokens and generated[-1] != eos_id:
                 sequence.append(generated[-1])
-                logits_V, new_rows = self._step(recorder, sequence)
-                rows = np.concatenate([rows, new_rows[-1:]])
+                logits_V, rows = self._step(recorder, sequence, rows)
                 generated.append(self._sample(logits_V, temperature))
         finally:
             recorder.detach()
@@ -164,13 +175,32 @@ class RolloutEmulator:
         return Rollout(prompt, tuple(generated), routes, layers, self.num_experts, cached)
 
     def _step(
-        self, recorder: ReplayController, sequence: list[int]
+        self, recorder: _NoisyRecorder, sequence: list[int], prefix_rows: np.ndarray | None = None
     ) -> tuple[torch.Tensor, np.ndarray]:
+        """One forward over ``sequence``; returns the last position's logits and the routes of
+        every row. With ``prefix_rows`` the prefix is replayed and only the new token is routed
+        (noisily), as an engine with a KV cache routes each token once."""
         ids_1S = torch.tensor([sequence], dtype=torch.long)
         microbatch: Hashable = 0
+        if prefix_rows is None:
+            recorder.set_mode(ReplayMode.RECORD)
+        else:
+            recorder.set_mode(ReplayMode.REPLAY)
+            T, (M, K) = len(sequence), prefix_rows.shape[1:]
+            armed_TMK = torch.zeros(T, M, K, dtype=torch.int64)
+            armed_TMK[:-1] = torch.from_numpy(prefix_rows)
+            new_row_T = torch.arange(T) < T - 1  # the new token routes natively
+            recorder.arm(
+                microbatch, armed_TMK, layer_numbers=recorder.layer_numbers, replay_mask_T=new_row_T
+            )
+        recorder.used.clear()
         with torch.no_grad(), recorder.microbatch(microbatch):
             logits = self.forward(self.model, ids_1S)
-        rows = recorder.recorded(microbatch).cpu().numpy().astype(np.int64)
+        if prefix_rows is None:
+            rows = recorder.recorded(microbatch).cpu().numpy().astype(np.int64)
+        else:
+            last_MK = torch.stack([ids_TK[-1] for ids_TK in recorder.used_in_layer_order()])
+            rows = np.concatenate([prefix_rows, last_MK.cpu().numpy()[None].astype(np.int64)])
         recorder.end_step()
         return logits.reshape(-1, logits.shape[-1])[-1].float(), rows
 
@@ -224,7 +254,6 @@ def record_routes(
         noise=0.0, generator=emulator._generator, num_experts=num_experts, top_k=top_k
     )
     layers = recorder.attach(model)
-    recorder.set_mode(ReplayMode.RECORD)
     try:
         _, rows = emulator._step(recorder, [int(t) for t in token_ids])
     finally:

@@ -1,0 +1,249 @@
+"""Layer layout and token layout under verl's function names (see :mod:`rr_megatron_compat.verl`).
+
+Layer arithmetic is rr-core's (:func:`layout_config` of the Megatron config); token rows follow
+verl's packed order: each sequence's valid tokens one after another, padded at its end to the
+sequence/context-parallel alignment, split over context-parallel ranks (zigzag) and over
+sequence-parallel ranks. Megatron is imported only by the functions that need its parallel state.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+import rr_core
+from rr_core import AlignmentError, LayoutConfig, LayoutError
+from rr_megatron_compat._guards import ReplayConfigError
+from rr_megatron_compat._layout import current_pipeline_rank, layout_config
+from rr_megatron_compat._pipeline import pp_gather as _rr_pp_gather
+from rr_megatron_compat._tokens import sp_alignment, sp_gather, sp_scatter, thd_cp_index, thd_pack
+from rr_megatron_compat._wire import all_gather_exact, megatron_group
+
+
+def offsets(jagged: torch.Tensor) -> torch.Tensor:
+    """The row offsets of a jagged (nested) tensor."""
+    result: torch.Tensor = jagged.offsets()  # type: ignore[attr-defined]
+    return result
+
+
+def _vp(cfg: LayoutConfig, vp_stage: int | None) -> int | None:
+    if cfg.vp_size is None:
+        if vp_stage not in (None, 0):
+            raise LayoutError(f"vp_stage={vp_stage} given but the config has no virtual pipeline")
+        return None
+    return 0 if vp_stage is None else vp_stage
+
+
+def _pp(pp_rank: int | None) -> int:
+    return current_pipeline_rank() if pp_rank is None else pp_rank
+
+
+def get_num_layers_to_build(
+    config: Any, vp_stage: int | None = None, pp_rank: int | None = None
+) -> int:
+    """Decoder layers of one (pipeline rank, virtual stage); rr-core's ``num_layers_to_build``."""
+    cfg = layout_config(config)
+    return rr_core.num_layers_to_build(cfg, _pp(pp_rank), _vp(cfg, vp_stage))
+
+
+def is_moe_layer(tf_config: Any, layer_idx: int) -> bool:
+    """Whether the 0-based decoder layer ``layer_idx`` is MoE (out of range raises)."""
+    return rr_core.is_moe_layer(layout_config(tf_config), layer_idx + 1)
+
+
+def get_moe_num_layers_to_build(
+    config: Any, vp_stage: int | None = None, pp_rank: int | None = None
+) -> int:
+    """MoE layers of one (pipeline rank, virtual stage)."""
+    cfg = layout_config(config)
+    return len(rr_core.stage_moe_layer_numbers(cfg, _pp(pp_rank), _vp(cfg, vp_stage)))
+
+
+def get_current_rank_layer_info(tf_config: Any, vp_rank: int | None = None) -> dict[str, int]:
+    """``{"start", "end", "count"}``: 0-based decoder layer range of this rank's virtual stage."""
+    cfg = layout_config(tf_config)
+    pp, vp = current_pipeline_rank(), _vp(cfg, vp_rank)
+    start = rr_core.layer_offset(cfg, pp, vp)
+    count = rr_core.num_layers_to_build(cfg, pp, vp)
+    return {"start": start, "end": start + count, "count": count}
+
+
+def route_layer_numbers(tf_config: Any, num_slots: int) -> tuple[int, ...]:
+    """Global layer numbers of a route tensor's layer axis: all decoder layers when it has
+    ``num_layers`` slots, else the MoE layers; any other width raises."""
+    cfg = layout_config(tf_config)
+    if num_slots == cfg.num_layers:
+        return tuple(range(1, cfg.num_layers + 1))
+    moe = rr_core.moe_layer_numbers(cfg)
+    if num_slots == len(moe):
+        return moe
+    raise LayoutError(
+        f"routes have {num_slots} layer slots; expected num_layers={cfg.num_layers} (all layers) "
+        f"or {len(moe)} (MoE layers only)"
+    )
+
+
+# -- pipeline ---------------------------------------------------------------------------------
+
+
+def _flat(routes: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """``[B, S|j, L, K]`` (dense or jagged) as ``[T, L, K]`` and a function putting it back."""
+    if routes.is_nested:
+        rows_at = offsets(routes)
+        return routes.values(), lambda v: torch.nested.nested_tensor_from_jagged(v, rows_at)
+    B, S, _, K = routes.shape
+    return routes.reshape(B * S, -1, K), lambda v: v.reshape(B, S, -1, K)
+
+
+def pp_gather(local_layers_router_map: torch.Tensor, tf_config: Any) -> torch.Tensor:
+    """``[B, S, m, K]`` of this pipeline rank (chunk-then-layer order) to ``[B, S, M, K]`` on
+    the global MoE-layer axis on every rank, with rr's exact :func:`~rr_megatron_compat.pp_gather`
+    (the layout checks each rank's layer count; narrow dtypes travel unwidened). On CPU."""
+    cfg = layout_config(tf_config)
+    if cfg.pp_size <= 1:
+        return local_layers_router_map
+    flat, back = _flat(local_layers_router_map.cpu())
+    gathered: torch.Tensor = back(_rr_pp_gather(flat if flat.shape[1] else None, cfg))
+    return gathered.cpu()
+
+
+def reorder_and_merge_vpp_layers(
+    micro_batch_tensor_list: Sequence[torch.Tensor],
+    num_microbatches: int,
+    vpp_size: int,
+    microbatch_group_size_per_vp_stage: int,
+) -> torch.Tensor:
+    """Records captured in the interleaved schedule's order to ``[B, S, m, K]``: micro-batches
+    concatenated per chunk, chunks concatenated on the layer axis. A missing or extra capture
+    raises."""
+    schedules = importlib.import_module("megatron.core.pipeline_parallel.schedules")
+    table = schedules.get_schedule_table(
+        num_microbatches, vpp_size, microbatch_group_size_per_vp_stage
+    )
+    if len(micro_batch_tensor_list) != len(table):
+        raise LayoutError(
+            f"{len(micro_batch_tensor_list)} records for {len(table)} scheduled "
+            f"(micro-batch, chunk) forwards; every chunk of every micro-batch must record"
+        )
+    by_chunk: list[dict[int, torch.Tensor]] = [{} for _ in range(vpp_size)]
+    for tensor, (mb, chunk) in zip(micro_batch_tensor_list, table, strict=True):
+        by_chunk[chunk][mb] = tensor
+    merged = [_cat_batch([c[mb] for mb in range(num_microbatches)]) for c in by_chunk]
+    if merged[0].is_nested:
+        parts = [torch.cat(seqs, dim=1) for seqs in zip(*(m.unbind() for m in merged), strict=True)]
+        return torch.nested.as_nested_tensor(parts, layout=torch.jagged)
+    return torch.cat(merged, dim=2)
+
+
+def _cat_batch(tensors: list[torch.Tensor]) -> torch.Tensor:
+    if tensors[0].is_nested:
+        seqs = [s for t in tensors for s in t.unbind()]
+        return torch.nested.as_nested_tensor(seqs, layout=torch.jagged)
+    return torch.cat(tensors, dim=0)
+
+
+# -- R3 ----------------------------------------------------------------------------------------
+
+
+def align_r3_router_replay_data(
+    layers_topk_idx: torch.Tensor, input_ids: torch.Tensor
+) -> torch.Tensor:
+    """Engine routes (jagged ``[B, j, L, K]``) on the training inputs' rows, sequence by
+    sequence with :func:`rr_core.align_routes`: ``j`` must be the input length or one less (the
+    last sampled token); the missing row is a zero placeholder the replay mask leaves native."""
+    if not (layers_topk_idx.is_nested and input_ids.is_nested):
+        raise AlignmentError("R3 alignment takes jagged (nested) routes and input_ids")
+    routes, lengths = layers_topk_idx.unbind(), offsets(input_ids).diff().tolist()
+    if len(routes) != len(lengths):
+        raise AlignmentError(f"{len(routes)} route sequences for {len(lengths)} input sequences")
+    aligned = [rr_core.align_routes(r, int(n))[0] for r, n in zip(routes, lengths, strict=True)]
+    return torch.nested.as_nested_tensor(aligned, layout=torch.jagged)
+
+
+def build_r3_replay_mask(input_ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Jagged bool mask on ``input_ids``' rows: every row of a sequence with a response except
+    its last (:func:`rr_core.replay_mask_for_lengths`); sequences without a response stay native."""
+    if not input_ids.is_nested:
+        raise AlignmentError("build_r3_replay_mask takes jagged (nested) input_ids")
+    lengths = offsets(input_ids).diff()
+    mask = rr_core.replay_mask_for_lengths(lengths.cpu(), missing_last=True)
+    has_response = (response_mask.sum(dim=-1) > 0).cpu()
+    mask &= torch.repeat_interleave(has_response, lengths.cpu())
+    return torch.nested.nested_tensor_from_jagged(mask.to(lengths.device), offsets(input_ids))
+
+
+# -- token rows --------------------------------------------------------------------------------
+
+
+def _parallel(tf_config: Any, local_cp_size: int | None) -> tuple[int, int, int, int, bool]:
+    if getattr(tf_config, "fp8", None) in ("e4m3", "hybrid"):
+        raise ReplayConfigError("fp8 row padding is not supported by rr's verl layer")
+    ps = importlib.import_module("megatron.core.parallel_state")
+    tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    cp, cp_rank = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
+    if local_cp_size is not None and local_cp_size != cp:
+        raise ReplayConfigError(f"local_cp_size={local_cp_size} differs from the CP size {cp}")
+    sp = bool(getattr(tf_config, "sequence_parallel", False)) and tp > 1
+    return tp, tp_rank, cp, cp_rank, sp
+
+
+def sequences(
+    batch: torch.Tensor, attention_mask: torch.Tensor | None, what: str
+) -> list[torch.Tensor]:
+    """Per-sequence valid rows of a jagged tensor, or of a dense ``[B, S, ...]`` one under a
+    ``[B, S]`` attention mask."""
+    if batch.is_nested:
+        return list(batch.unbind())
+    if attention_mask is None:
+        raise AlignmentError(f"dense {what} need attention_mask [B, S]")
+    keep = attention_mask.bool().to(batch.device)
+    if keep.shape != batch.shape[:2]:
+        raise AlignmentError(f"attention_mask {tuple(keep.shape)} does not fit {what}")
+    return [batch[b][keep[b]] for b in range(batch.shape[0])]
+
+
+def to_router_rows(
+    seqs: list[torch.Tensor],
+    masks: list[torch.Tensor] | None,
+    tf_config: Any,
+    local_cp_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """This rank's router rows ``[T, L, K]`` and replay mask (``None``: replay every row)."""
+    tp, tp_rank, cp, cp_rank, sp = _parallel(tf_config, local_cp_size)
+    align = sp_alignment(tp if sp else 1, cp)
+    packed = thd_pack(seqs, masks, align=align)
+    rows, mask = packed.rows_TLK, packed.mask_T
+    if cp > 1:
+        index = thd_cp_index(packed.cu_seqlens_padded, cp_rank, cp)
+        rows, mask = rows[index], mask[index]
+    if sp:
+        rows, mask = sp_scatter(rows, tp_rank, tp), sp_scatter(mask, tp_rank, tp)
+    return rows, None if bool(mask.all()) else mask
+
+
+def from_router_rows(
+    rows: torch.Tensor, lengths: list[int], tf_config: Any, local_cp_size: int | None
+) -> list[torch.Tensor]:
+    """Inverse of :func:`to_router_rows` for recorded rows: per-sequence ``[n_i, L, K]``."""
+    tp, _, cp, _, sp = _parallel(tf_config, local_cp_size)
+    if sp:
+        rows = sp_gather(rows)
+    align = sp_alignment(tp if sp else 1, cp)
+    padded = [n + (-n % align) for n in lengths]
+    starts = [sum(padded[:i]) for i in range(len(padded))]
+    if cp > 1:
+        group = megatron_group("context_parallel")
+        cu = torch.tensor([0, *[sum(padded[: i + 1]) for i in range(len(padded))]])
+        full = rows.new_zeros((sum(padded), *rows.shape[1:]))
+        for rank, part in enumerate(all_gather_exact(rows.contiguous(), group)):
+            full[thd_cp_index(cu, rank, cp)] = part
+        rows = full
+    if rows.shape[0] != sum(padded):
+        raise AlignmentError(
+            f"routers saw {rows.shape[0]} rows but the batch packs to {sum(padded)}; record the "
+            "micro-batch the forward ran on"
+        )
+    return [rows[s : s + n] for s, n in zip(starts, lengths, strict=True)]

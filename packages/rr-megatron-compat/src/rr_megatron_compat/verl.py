@@ -1,0 +1,247 @@
+"""verl's router-replay API, backed by rr.
+
+A verl checkout switches by replacing its two imports::
+
+    from verl.utils.megatron.router_replay_patch import ...
+    from verl.utils.megatron.router_replay_utils import ...
+
+become ``from rr_megatron_compat.verl import ...``.
+
+Names, parameters and defaults are verl's (0.9). Behind them every model chunk is driven by an
+:class:`rr_core.ReplayController` attached by walking the chunk (never a process-global router
+list), targets are keyed by micro-batch (never a FIFO of pops), and whatever cannot be replayed
+exactly raises instead of routing natively. Importing this module imports neither megatron nor
+any verl code. See the package README, "Migrating from verl", for the differences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from rr_core import ReplayError, stage_layer_numbers
+from rr_megatron_compat._layout import current_pipeline_rank, layout_config
+from rr_megatron_compat._verl_layout import (
+    align_r3_router_replay_data,
+    build_r3_replay_mask,
+    from_router_rows,
+    get_current_rank_layer_info,
+    get_moe_num_layers_to_build,
+    get_num_layers_to_build,
+    is_moe_layer,
+    offsets,
+    pp_gather,
+    reorder_and_merge_vpp_layers,
+    route_layer_numbers,
+    sequences,
+    to_router_rows,
+)
+from rr_megatron_compat._verl_replay import (
+    RouterReplay,
+    RouterReplayAction,
+    chunks_of,
+    release_all,
+)
+
+__all__ = [
+    "RouterReplay",
+    "RouterReplayAction",
+    "RouterReplayHelper",
+    "align_r3_router_replay_data",
+    "apply_router_replay_patch",
+    "build_r3_replay_mask",
+    "get_current_rank_layer_info",
+    "get_moe_num_layers_to_build",
+    "get_num_layers_to_build",
+    "is_moe_layer",
+    "iter_model_routers",
+    "merge_router_topk_indices",
+    "pp_gather",
+    "remove_router_replay_patch",
+    "reorder_and_merge_vpp_layers",
+    "set_model_router_replay_action",
+    "set_router_replay_data",
+]
+
+Model = nn.Module | Sequence[nn.Module]
+
+
+def apply_router_replay_patch() -> None:
+    """Install rr's router hooks for the installed Megatron line (idempotent). On 0.16+ build
+    the model from a config passed through :func:`rr_megatron_compat.enable_replay`; rr adds no
+    ``enable_routing_replay`` field to ``TransformerConfig``."""
+    from rr_megatron_compat._install import install
+
+    install()
+
+
+def remove_router_replay_patch() -> None:
+    """rr only: detach every model used through this module and uninstall the hooks."""
+    from rr_megatron_compat._install import uninstall
+
+    release_all()
+    uninstall()
+
+
+def iter_model_routers(model: Model) -> Iterator[tuple[int, RouterReplay]]:
+    """``(layer_number, RouterReplay)`` for each decoder router of ``model`` (a chunk or the
+    list of VPP chunks), in layer order; MTP routers are never included. Attaches on first use."""
+    for chunk in chunks_of(model):
+        for view in chunk.views:
+            yield view.layer_number, view
+
+
+def set_model_router_replay_action(model: Model, router_replay_action: RouterReplayAction) -> None:
+    """Set the action on ``model``'s own routers only."""
+    for _, view in iter_model_routers(model):
+        view.set_router_replay_action(router_replay_action)
+
+
+def _local_views(tf_config: Any, vp_rank: int | None, model: Model | None) -> list[RouterReplay]:
+    if model is not None:
+        return [view for _, view in iter_model_routers(model)]
+    return RouterReplayHelper.get_micro_batch_router_list(tf_config, vp_rank)
+
+
+def set_router_replay_data(
+    layers_topk_idx: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    tf_config: Any,
+    vp_rank: int | None = None,
+    replay_mask: torch.Tensor | None = None,
+    local_cp_size: int | None = None,
+    model: Model | None = None,
+) -> None:
+    """Stage replay targets for the next forward (one micro-batch) of ``model``'s chunk.
+
+    ``layers_topk_idx`` is ``[B, S, L, K]`` under ``attention_mask`` ``[B, S]``, or jagged
+    ``[B, j, L, K]``; ``L`` is ``num_layers`` (all layers) or the number of MoE layers, anything
+    else raises. Rows are packed as the model runs them (valid tokens of each sequence, padded to
+    the SP/CP alignment, split over CP and SP ranks); padding rows and rows outside
+    ``replay_mask`` route natively. Without ``model`` the routers of this stage are found by
+    layer number among the attached ones (:meth:`RouterReplayHelper.get_micro_batch_router_list`).
+    """
+    if layers_topk_idx is None:
+        raise ReplayError("set_router_replay_data needs the routes recorded or returned for them")
+    seqs = sequences(layers_topk_idx, attention_mask, "routes")
+    masks = None
+    if replay_mask is not None:
+        masks = [m.bool() for m in sequences(replay_mask, attention_mask, "replay_mask")]
+    with torch.no_grad():
+        rows, mask = to_router_rows(seqs, masks, tf_config, local_cp_size)
+    slot = {n: i for i, n in enumerate(route_layer_numbers(tf_config, rows.shape[1]))}
+    views = _local_views(tf_config, vp_rank, model)
+    if model is not None and not views:
+        raise ReplayError("set_router_replay_data found no routers in the forwarded model")
+    for view in views:
+        view.set_target_indices(rows[:, slot[view.layer_number]], replay_mask=mask)
+
+
+def merge_router_topk_indices(
+    attention_mask: torch.Tensor | None,
+    input_ids: torch.Tensor,
+    mini_layer_topk_idx_list: list[torch.Tensor],
+    tf_config: Any,
+    vp_rank: int | None = None,
+    local_cp_size: int | None = None,
+    model: Model | None = None,
+) -> None:
+    """Append the routes the chunk's last forward recorded, int16 on CPU: ``[B, S, m, K]``
+    (zeros outside ``attention_mask``) for dense inputs, jagged ``[B, j, m, K]`` for nested
+    ``input_ids``; ``m`` are the chunk's MoE layers in layer order (``m = 0`` for a dense-only
+    stage). Raises if any router of the chunk did not record."""
+    views = _local_views(tf_config, vp_rank, model)
+    lengths = _lengths(input_ids, attention_mask)
+    topk = int(tf_config.moe_router_topk)
+    if views:
+        chunks = {id(v._chunk): v._chunk for v in views}
+        missing = [v.layer_number for v in views if v.get_recorded_indices() is None]
+        if missing or len(chunks) != 1:
+            raise ReplayError(
+                f"merge_router_topk_indices: layers {missing} did not record in the last forward"
+                if missing
+                else "merge_router_topk_indices: routers of more than one chunk; pass model="
+            )
+        rows = torch.stack([v.get_recorded_indices() for v in views], dim=1)  # type: ignore[misc]
+        seqs = from_router_rows(rows.to(torch.int16), lengths, tf_config, local_cp_size)
+    else:
+        seqs = [torch.zeros((n, 0, topk), dtype=torch.int16) for n in lengths]
+    seqs = [s.cpu() for s in seqs]
+    if input_ids.is_nested:
+        mini_layer_topk_idx_list.append(torch.nested.as_nested_tensor(seqs, layout=torch.jagged))
+        return
+    assert attention_mask is not None
+    keep = attention_mask.bool().cpu()
+    out = torch.zeros((*keep.shape, seqs[0].shape[1], topk), dtype=torch.int16)
+    for b, seq in enumerate(seqs):
+        out[b][keep[b]] = seq
+    mini_layer_topk_idx_list.append(out)
+
+
+def _lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[int]:
+    if input_ids.is_nested:
+        return [int(n) for n in offsets(input_ids).diff().tolist()]
+    if attention_mask is None:
+        raise ReplayError("dense inputs need attention_mask [B, S]")
+    return [int(n) for n in attention_mask.bool().sum(dim=-1).tolist()]
+
+
+class RouterReplayHelper:
+    """Queries on the routers of one stage or model."""
+
+    @staticmethod
+    def get_micro_batch_router_list(
+        tf_config: Any, vp_rank: int | None = None
+    ) -> list[RouterReplay]:
+        """Attached routers whose layer belongs to this rank's virtual stage ``vp_rank``, chosen
+        by layer number (not by position); two attached routers on one layer raise: pass
+        ``model=`` to the caller instead."""
+        cfg = layout_config(tf_config)
+        vp = None if cfg.vp_size is None else (vp_rank or 0)
+        layers = set(stage_layer_numbers(cfg, current_pipeline_rank(), vp))
+        chosen = [v for v in RouterReplay.router_instances if v.layer_number in layers]
+        numbers = [v.layer_number for v in chosen]
+        if len(numbers) != len(set(numbers)):
+            raise ReplayError(
+                f"more than one attached model has routers on layers {sorted(numbers)}; pass "
+                "the forwarded model (model=...) to address its routers"
+            )
+        return sorted(chosen, key=lambda v: v.layer_number)
+
+    @staticmethod
+    def _get_action_router_list(
+        tf_config: Any, vp_rank: int | None = None, model: Model | None = None
+    ) -> list[RouterReplay]:
+        return _local_views(tf_config, vp_rank, model)
+
+    @staticmethod
+    def _is(action: RouterReplayAction, tf_config: Any, vp_rank: Any, model: Any) -> bool:
+        views = _local_views(tf_config, vp_rank, model)
+        actions = {v.router_replay_action for v in views}
+        if len(actions) > 1:
+            raise ReplayError(f"routers of one stage disagree on the action: {actions}")
+        return actions == {action}
+
+    @staticmethod
+    def is_r2_record_action(
+        tf_config: Any, vp_rank: int | None = None, model: Model | None = None
+    ) -> bool:
+        """Whether the stage's routers are in RECORD (mixed actions raise)."""
+        return RouterReplayHelper._is(RouterReplayAction.RECORD, tf_config, vp_rank, model)
+
+    @staticmethod
+    def is_replay_forward_action(
+        tf_config: Any, vp_rank: int | None = None, model: Model | None = None
+    ) -> bool:
+        """Whether the stage's routers are in REPLAY_FORWARD (mixed actions raise)."""
+        return RouterReplayHelper._is(RouterReplayAction.REPLAY_FORWARD, tf_config, vp_rank, model)
+
+    @staticmethod
+    def is_replay_backward_action(
+        tf_config: Any, vp_rank: int | None = None, model: Model | None = None
+    ) -> bool:
+        """Whether the stage's routers are in REPLAY_BACKWARD (mixed actions raise)."""
+        return RouterReplayHelper._is(RouterReplayAction.REPLAY_BACKWARD, tf_config, vp_rank, model)
