@@ -6,14 +6,16 @@ it, so no dependency can pull a multi-GB CUDA build.
 
 from __future__ import annotations
 
+import json
 import runpy
 from pathlib import Path
+from typing import Any
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "core", "vllm", "megatron", "distributed"]
+nox.options.sessions = ["lint", "core", "vllm", "megatron", "distributed", "npu"]
 
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
@@ -67,11 +69,15 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def core(session: nox.Session) -> None:
-    """rr-core, rr-fakes and rr-vllm tests (pytest-xdist), torch only: no megatron, no vllm."""
-    install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm"))
+    """rr-core, rr-fakes, rr-vllm and rr-npu tests (pytest-xdist), torch only: no megatron."""
+    install_with_torch(
+        session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-megatron-compat", "rr-npu")
+    )
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    tests = [str(PACKAGES / name / "tests") for name in ("rr-core", "rr-fakes", "rr-vllm")]
+    tests = [
+        str(PACKAGES / name / "tests") for name in ("rr-core", "rr-fakes", "rr-vllm", "rr-npu")
+    ]
     session.run("pytest", *tests, *args)
 
 
@@ -94,14 +100,87 @@ def doctor(session: nox.Session) -> None:
     session.run("rr", "doctor", *session.posargs)
 
 
+#: Each benchmark runs in its own process and prints one JSON object with ``--json``.
+BENCHMARKS = {
+    "core": "rr-core/benchmarks/bench_core.py",
+    "codecs": "rr-core/benchmarks/bench_codecs.py",
+    "vllm": "rr-vllm/benchmarks/bench_vllm.py",
+    "megatron": "rr-megatron-compat/benchmarks/bench_megatron.py",
+}
+
+
 @nox.session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
-    """Benchmarks of rr-core and rr-vllm, each in its own process, figures side by side."""
-    install_with_torch(session, *editable("rr-core", "rr-fakes", "rr-vllm"))
+    """Every benchmark, one process each, side by side: one table and bench-results.json."""
+    release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_with_torch(session, *editable("rr-core", "rr-fakes", "rr-megatron-compat", "rr-vllm"))
     report_versions(session)
-    for script in ("rr-core/benchmarks/bench_core.py", "rr-core/benchmarks/bench_codecs.py"):
-        session.run("python", str(PACKAGES / script), *session.posargs)
-    session.run("python", str(PACKAGES / "rr-vllm/benchmarks/bench_vllm.py"), *session.posargs)
+    runs: dict[str, Any] = {}
+    tmp = Path(session.create_tmp())
+    for name, script in BENCHMARKS.items():
+        out = tmp / f"{name}.json"
+        with out.open("w") as handle:
+            session.run("python", str(PACKAGES / script), "--json", stdout=handle)
+        runs[name] = json.loads(out.read_text())
+    figures = bench_figures(runs)
+    (ROOT / "bench-results.json").write_text(json.dumps(figures, indent=2) + "\n")
+    session.log("\n" + bench_table(figures))
+
+
+def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures (names fixed: other tools read bench-results.json)."""
+    core, codecs, vllm_run, mcore = runs["core"], runs["codecs"], runs["vllm"], runs["megatron"]
+    return {
+        "replay_topk_over_native": core["replay_topk_over_native"],
+        "bookkeeping_us_per_microbatch_94_layers": core["bookkeeping_us_per_microbatch_94_layers"],
+        "step_overhead_ratio_r3": mcore["step_s_replay_r3"] / mcore["step_s_replay_off"],
+        "payload_bytes_per_token": {c: v["bytes_per_token"] for c, v in codecs["codecs"].items()},
+        "codec_speed_vs_memcpy": {
+            c: {"encode": v["encode_over_copy"], "decode": v["decode_over_copy"]}
+            for c, v in codecs["codecs"].items()
+        },
+        "vllm_assembly_vs_memcpy": vllm_run["vllm_assembly_vs_memcpy"],
+        "workloads": {
+            "replay_topk_over_native": "4096 tokens x 128 experts, top-8, every row replayed",
+            "bookkeeping_us_per_microbatch_94_layers": "arm (validated upstream) + end_step",
+            "step_overhead_ratio_r3": (
+                f"real GPTModel step on CPU, megatron-core {mcore['megatron_core']}, "
+                f"hidden {mcore['hidden_size']}, {mcore['sequences']} x {mcore['seq_length']} "
+                "tokens, R3 replay on / off"
+            ),
+            "payload_bytes_per_token": "Qwen3-30B-A3B: 48 MoE layers, 128 experts, top-8",
+            "codec_speed_vs_memcpy": f"{codecs['tokens']} tokens of that shape vs a copy",
+            "vllm_assembly_vs_memcpy": (
+                f"{vllm_run['samples']} samples x {vllm_run['tokens_per_sample']} tokens, "
+                "48 layers, top-8, uint8: decode + validate + batch vs a copy"
+            ),
+        },
+        "runs": runs,
+    }
+
+
+def bench_table(figures: dict[str, Any]) -> str:
+    rows = [
+        (name, f"{figures[name]:.4g}", figures["workloads"][name])
+        for name in (
+            "replay_topk_over_native",
+            "bookkeeping_us_per_microbatch_94_layers",
+            "step_overhead_ratio_r3",
+            "vllm_assembly_vs_memcpy",
+        )
+    ]
+    for codec, size in figures["payload_bytes_per_token"].items():
+        speed = figures["codec_speed_vs_memcpy"][codec]
+        rows.append(
+            (
+                f"codec {codec}",
+                f"{size:g} B/token",
+                f"encode {speed['encode']:.3f}x, decode {speed['decode']:.3f}x of memcpy",
+            )
+        )
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{a:<{width}}  {b:>14}  {c}" for a, b, c in rows)
 
 
 @nox.session(python="3.11")
@@ -143,6 +222,23 @@ def distributed(session: nox.Session, line: str) -> None:
         *args,
         env={"RR_DISTRIBUTED": "1"},
     )
+
+
+NPU_LINES = ("0.12", "0.16")  # the lines MindSpeed users run
+
+
+@nox.session(python="3.11")
+@nox.parametrize("line", list(NPU_LINES), ids=list(NPU_LINES))
+def npu(session: nox.Session, line: str) -> None:
+    """rr-npu on the emulated Ascend stack (MindSpeed, torch_npu) over real megatron-core."""
+    release, flags, extras = MEGATRON_LINES[line]
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_with_torch(
+        session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-npu")
+    )
+    report_versions(session)
+    args = session.posargs or PYTEST_DEFAULTS
+    session.run("pytest", str(PACKAGES / "rr-npu" / "tests"), *args)
 
 
 @nox.session(python="3.11", default=False)

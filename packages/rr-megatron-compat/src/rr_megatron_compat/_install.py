@@ -71,10 +71,20 @@ def _chain(value: Any) -> list[Any]:
     return seen
 
 
+def _as_rr_proxy(item: Any) -> RRProxy | None:
+    """``item`` itself, or the proxy it is bound from: a library that reads the attribute from
+    the class before wrapping it (MindSpeed's patch manager) holds wrapt's bound wrapper."""
+    for candidate in (item, getattr(item, "_self_parent", None)):
+        if isinstance(candidate, RRProxy):
+            return candidate
+    return None
+
+
 def _rr_proxy_in(value: Any) -> RRProxy | None:
     for item in _chain(value):
-        if isinstance(item, RRProxy) and item._self_rr_active:
-            return item
+        proxy = _as_rr_proxy(item)
+        if proxy is not None and proxy._self_rr_active:
+            return proxy
     return None
 
 
@@ -141,7 +151,10 @@ def installed_hooks() -> tuple[str, ...]:
             e.spec.name
             for e in _INSTALLED
             if e.proxy._self_rr_active
-            and any(item is e.proxy for item in _chain(_current(e.owner, e.spec.attribute)))
+            and any(
+                _as_rr_proxy(item) is e.proxy
+                for item in _chain(_current(e.owner, e.spec.attribute))
+            )
         )
 
 

@@ -1,0 +1,94 @@
+"""One payload policy for route ids in collectives.
+
+Route ids travel narrow: int16 (or uint8 up to 256 experts). HCCL takes int16 as it is; NCCL
+has no int16 and gloo (torch 2.13) rejects int16 ``all_gather``, so there the payload goes as a
+uint8 view, which round-trips bit-exactly. Ids are widened to int64 only at the point of
+``torch.gather`` / indexing (:func:`ids_for_gather`), never on the wire: an int64 routes tensor
+is 4x the bytes of the int16 one (the 45 GB broadcast that timed out on an NPU cluster, F2).
+
+The HCCL dtype table is data here (dtype names, no torch import); the emulation in rr_fakes
+mirrors the same table and a test keeps the two equal.
+
+Shape suffixes: T tokens, L layer slots, K top-k.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+#: dtypes HCCL collectives accept, by ``str(torch.dtype)`` without the ``torch.`` prefix.
+HCCL_COLLECTIVE_DTYPES: frozenset[str] = frozenset(
+    {"int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32"}
+)
+#: Integer payload dtypes routes may travel as.
+PAYLOAD_DTYPES: frozenset[str] = frozenset({"bool", "uint8", "int8", "int16"})
+BYTE_VIEW_BACKENDS: frozenset[str] = frozenset({"nccl", "gloo"})
+
+
+class PayloadPolicyError(ValueError):
+    """A routes payload that the policy does not send (too wide, or not integer)."""
+
+
+@dataclass(frozen=True)
+class WirePlan:
+    """How one payload dtype crosses one backend."""
+
+    payload_dtype: str
+    backend: str
+    wire_dtype: str  # what the collective sees
+    byte_view: bool
+
+
+def _name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def wire_plan(dtype: Any, backend: str) -> WirePlan:
+    """The policy for ``dtype`` over ``backend`` (``hccl`` / ``nccl`` / ``gloo``)."""
+    name, backend = _name(dtype), backend.lower()
+    if name not in PAYLOAD_DTYPES:
+        raise PayloadPolicyError(
+            f"routes travel as {sorted(PAYLOAD_DTYPES)}; got {name}. Narrow the ids first "
+            "(int16 holds any expert id) and widen them with ids_for_gather() where they index"
+        )
+    if backend == "hccl":
+        if name not in HCCL_COLLECTIVE_DTYPES:  # bool: HCCL has no bool collective
+            return WirePlan(name, backend, "uint8", True)
+        return WirePlan(name, backend, name, False)
+    if backend in BYTE_VIEW_BACKENDS:
+        return WirePlan(name, backend, "uint8", name != "uint8")
+    raise ValueError(f"backend must be 'hccl', 'nccl' or 'gloo'; got {backend!r}")
+
+
+def _dist() -> Any:
+    return importlib.import_module("torch.distributed")
+
+
+def group_backend(group: Any = None) -> str:
+    """The backend of ``group`` as torch.distributed reports it (read at call time)."""
+    return str(_dist().get_backend(group)).lower()
+
+
+def all_gather_routes(ids: Any, group: Any = None, *, backend: str | None = None) -> list[Any]:
+    """``all_gather`` of same-shaped narrow route tensors by the policy; returns one tensor per
+    rank in the payload's own dtype. ``backend`` defaults to the group's."""
+    import torch
+
+    plan = wire_plan(ids.dtype, backend or group_backend(group))
+    dist = _dist()
+    payload = ids.contiguous()
+    wire = payload.reshape(-1).view(torch.uint8) if plan.byte_view else payload
+    parts = [torch.empty_like(wire) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, wire, group=group)
+    if not plan.byte_view:
+        return parts
+    return [p.view(payload.dtype).reshape(payload.shape) for p in parts]
+
+
+def ids_for_gather(ids: Any) -> Any:
+    """Route ids as int64, for ``torch.gather`` / indexing: the one place they are widened."""
+    import torch
+
+    return ids.to(torch.int64)

@@ -1,0 +1,81 @@
+"""Replay configs that survive MindSpeed's per-instance TransformerConfig rebuild.
+
+Under MindSpeed a config's class is generated per instance (module ``types``): pickling fails
+and ``dataclasses.replace`` builds through the generated class, dropping whatever was set after
+construction (MindSpeed's merged arguments, a flag set on the instance). rr never adds a
+class-level default (MindSpeed keeps a class default over the value passed in) and never wraps
+``__init__`` (the signature MindSpeed reads must stay real). Where rr owns the copy it goes
+through plain data: :func:`config_to_plain` / :func:`config_from_plain` (for other processes)
+and :func:`replace_config` (in-process), which keep every instance attribute, the replay flag
+included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import rr_megatron_compat as rmc
+from rr_npu._mindspeed import check_routing_not_replaced
+
+GENERATED_MODULE = "types"
+
+
+def enable_replay(config: Any, *, capacity: str = "warn") -> Any:
+    """``rr_megatron_compat.enable_replay`` after refusing MindSpeed features that replace
+    routing; the flag goes on the instance only. Returns ``config``."""
+    check_routing_not_replaced(config)
+    return rmc.enable_replay(config, capacity=capacity)
+
+
+def declared_class(config: Any) -> type:
+    """The real (importable) config class behind a per-instance generated one."""
+    for klass in type(config).__mro__:
+        if klass.__module__ != GENERATED_MODULE:
+            return klass
+    raise TypeError(f"{type(config)!r} has no importable base class")
+
+
+def config_to_plain(config: Any) -> dict[str, Any]:
+    """Plain data for ``config``: its importable class, its ``__init__`` fields and every other
+    instance attribute (MindSpeed's merged arguments, the replay flag). Picklable wherever the
+    values are; send this across processes, not the config."""
+    klass = declared_class(config)
+    init_names = {f.name for f in dataclasses.fields(klass) if f.init}
+    values = dict(vars(config))
+    return {
+        "class": f"{klass.__module__}:{klass.__qualname__}",
+        "fields": {k: v for k, v in values.items() if k in init_names},
+        "extra": {k: v for k, v in values.items() if k not in init_names},
+    }
+
+
+def _resolve(path: str) -> type:
+    module_name, _, qualname = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise TypeError(f"{path} is not a class")
+    return obj
+
+
+def config_from_plain(data: dict[str, Any], **changes: Any) -> Any:
+    """Build a config from :func:`config_to_plain` data (with ``changes`` to init fields);
+    instance attributes are put back afterwards, so nothing the original carried is lost.
+    Under MindSpeed the construction goes through its rebuild like any other."""
+    klass = _resolve(data["class"])
+    unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(klass) if f.init})
+    if unknown:
+        raise TypeError(f"{klass.__name__} has no init fields {unknown}")
+    config = klass(**{**data["fields"], **changes})
+    for name, value in data["extra"].items():
+        vars(config)[name] = value  # the instance only (frozen rebuilt classes too)
+    return config
+
+
+def replace_config(config: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` that keeps instance attributes of a rebuilt config (the replay
+    flag, MindSpeed's merged arguments)."""
+    return config_from_plain(config_to_plain(config), **changes)

@@ -1,0 +1,150 @@
+"""MindSpeed-aware install: replay on in every order MindSpeed and rr are set up.
+
+Three orders occur: MindSpeed's adaptor first, then :func:`install`; :func:`install` first and
+a MindSpeed ``repatch()`` after (it re-installs ``wrapper(first_original)`` and silently drops
+rr's hooks); :func:`install` before MindSpeed's very first patch. rr_megatron_compat's
+``install()`` is idempotent by identity (it re-wraps only where rr's proxy is no longer
+reachable). On top of it this module
+
+- wraps the patch manager's ``apply_patches`` with a recognisable callable that re-installs
+  rr's hooks after every (re)patch, so a ``repatch()`` cannot leave replay off;
+- re-checks at :func:`attach` (:func:`ensure_installed`), which covers a MindSpeed that was
+  loaded after :func:`install`;
+- refuses MindSpeed features that replace routing and config classes whose signature is hidden;
+- installs the fused gating guard where torch_npu is loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import rr_megatron_compat as rmc
+from rr_core import ReplayController, ReplayError
+from rr_npu._gating import install_gating_guard, uninstall_gating_guard, unwatch, watch
+from rr_npu._mindspeed import (
+    check_config_signatures,
+    check_routing_not_replaced,
+    patch_manager,
+)
+
+_LOCK = threading.RLock()
+_STATE: dict[str, Any] = {"installed": False, "force": False}
+_HOOKED: list[tuple[Any, Any, bool]] = []  # (manager, raw original, was in own __dict__)
+
+
+class ReinstallAfterApply:
+    """rr's wrapper around MindSpeed's ``apply_patches``: after MindSpeed (re)applies its
+    patches, put back any rr hook that the re-application dropped."""
+
+    def __init__(self, original: Any) -> None:
+        self.__wrapped__ = original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.__wrapped__(*args, **kwargs)
+        if _STATE["installed"]:
+            _reinstall()
+        return result
+
+
+def _hook_patch_manager() -> None:
+    manager = patch_manager()
+    if manager is None or any(m is manager for m, _, _ in _HOOKED):
+        return
+    current = getattr(manager, "apply_patches", None)
+    if current is None or isinstance(current, ReinstallAfterApply):
+        return
+    own = "apply_patches" in vars(manager)
+    raw = vars(manager)["apply_patches"] if own else None
+    setattr(manager, "apply_patches", ReinstallAfterApply(current))  # noqa: B010
+    _HOOKED.append((manager, raw, own))
+
+
+def _unhook_patch_managers() -> None:
+    while _HOOKED:
+        manager, raw, own = _HOOKED.pop()
+        if not isinstance(vars(manager).get("apply_patches"), ReinstallAfterApply):
+            continue  # someone replaced it since; leave theirs
+        if own:
+            setattr(manager, "apply_patches", raw)  # noqa: B010
+        else:
+            delattr(manager, "apply_patches")
+
+
+def _reinstall() -> tuple[str, ...]:
+    check_routing_not_replaced()
+    check_config_signatures()
+    before = set(rmc.installed_hooks())
+    rmc.install(force=_STATE["force"])
+    _hook_patch_manager()
+    install_gating_guard()
+    return tuple(sorted(set(rmc.installed_hooks()) - before))
+
+
+def install(*, force: bool = False) -> tuple[str, ...]:
+    """Install rr's Megatron hooks with MindSpeed awareness; returns the hooked names.
+
+    Raises :class:`RoutingReplacedError` when a MindSpeed feature replaces routing and
+    :class:`ConfigSignatureError` when a config class hides its signature. Safe to call again
+    at any time; ``force`` is passed to ``rr_megatron_compat.install``.
+    """
+    with _LOCK:
+        _STATE["force"] = force
+        _reinstall()
+        _STATE["installed"] = True
+        return tuple(spec.name for spec in rmc.hook_specs(rmc.megatron_line()))
+
+
+def ensure_installed() -> tuple[str, ...]:
+    """Re-install whatever a MindSpeed (re)patch dropped; returns the hooks put back (empty when
+    everything was in place). Raises if :func:`install` was never called."""
+    with _LOCK:
+        if not _STATE["installed"]:
+            raise ReplayError(
+                "rr_npu.install() was not called; install rr's hooks before attaching"
+            )
+        return _reinstall()
+
+
+def uninstall() -> int:
+    """Remove rr's hooks, the patch-manager wrapper and the gating guard. Idempotent."""
+    with _LOCK:
+        _STATE["installed"] = False
+        _unhook_patch_managers()
+        uninstall_gating_guard()
+        return rmc.uninstall()
+
+
+def is_installed() -> bool:
+    return bool(_STATE["installed"]) and rmc.is_installed()
+
+
+def _configs(model: Any) -> list[Any]:
+    chunks = model if isinstance(model, Sequence) else [model]
+    found: list[Any] = []
+    for chunk in chunks:
+        for module in chunk.modules():
+            config = getattr(module, "config", None)
+            if config is not None and not any(config is c for c in found):
+                found.append(config)
+    return found
+
+
+def attach(
+    controller: ReplayController, model: Any, *, capacity: str = "warn", **kwargs: Any
+) -> tuple[int, ...]:
+    """``rr_megatron_compat.attach`` after :func:`ensure_installed` and the MindSpeed checks on
+    every config of ``model``; the controller is watched by the fused gating guard."""
+    ensure_installed()
+    for config in _configs(model):
+        check_routing_not_replaced(config)
+    layers = rmc.attach(controller, model, capacity=capacity, **kwargs)
+    watch(controller)
+    return layers
+
+
+def detach(controller: ReplayController) -> None:
+    """``controller.detach()`` and stop watching it."""
+    controller.detach()
+    unwatch(controller)
