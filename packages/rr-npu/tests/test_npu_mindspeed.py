@@ -295,3 +295,53 @@ def test_line_guarantees_hold_under_mindspeed(extra: dict[str, Any]) -> None:
             _round_trip(extra, capacity="allow")
         finally:
             rr_npu.uninstall()
+
+
+def test_offsets_are_for_the_requested_stage_not_the_global_rank() -> None:
+    """0.12's offset functions read the global pipeline rank; under MindSpeed on a rank-0
+    process (a driver, a checkpoint converter) a patch that falls back to it computes every
+    stage's layers as stage 0's. rr derives each stage's layers from the config."""
+    import torch
+
+    from rr_core import stage_layer_numbers, stage_moe_layer_numbers
+    from rr_fakes.megatron import model_parallel
+    from rr_megatron_compat import layout_config
+
+    kwargs: dict[str, Any] = {
+        "num_layers": 8,
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "num_moe_experts": 4,
+        "moe_router_topk": 2,
+        "add_bias_linear": False,
+        "moe_layer_freq": [0, 1, 1, 0, 1, 1, 1, 1],
+        "pipeline_model_parallel_size": 4,
+        "pipeline_dtype": torch.float32,
+        "num_layers_in_first_pipeline_stage": 1,
+        "num_layers_in_last_pipeline_stage": 3,
+    }
+    with model_parallel(), mindspeed(import_adaptor=True):
+        tc = _mod("transformer.transformer_config")
+        cfg = tc.TransformerConfig(**kwargs)
+        assert type(cfg).__module__ == "types"  # rebuilt by MindSpeed
+        layout = layout_config(cfg)
+        stages = [stage_layer_numbers(layout, rank) for rank in range(4)]
+        assert stages == [(1,), (2, 3), (4, 5), (6, 7, 8)]
+        assert [stage_moe_layer_numbers(layout, r) for r in range(4)] == [
+            (),
+            (2, 3),
+            (5,),
+            (6, 7, 8),
+        ]
+        ps, block = _mod("parallel_state"), _mod("transformer.transformer_block")
+        assert ps.get_pipeline_model_parallel_rank() == 0  # the global rank of this process
+        offset_fn = _mod("transformer.transformer_layer").get_transformer_layer_offset
+        ps.set_pipeline_model_parallel_world_size(4)
+        try:
+            for rank, layers in enumerate(stages):
+                ps.set_pipeline_model_parallel_rank(rank)  # what Megatron reads on 0.12
+                count = block.get_num_layers_to_build(cfg)
+                assert (offset_fn(cfg) + 1, count) == (layers[0], len(layers))
+        finally:
+            ps.set_pipeline_model_parallel_rank(0)
+            ps.set_pipeline_model_parallel_world_size(1)
