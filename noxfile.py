@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import runpy
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,9 @@ def bench(session: nox.Session) -> None:
     for name, script in BENCHMARKS.items():
         out = tmp / f"{name}.json"
         with out.open("w") as handle:
-            session.run("python", str(PACKAGES / script), "--json", stdout=handle)
+            session.run(
+                "python", str(PACKAGES / script), "--json", stdout=handle, stderr=sys.stderr
+            )
         runs[name] = json.loads(out.read_text())
     figures = bench_figures(runs)
     (ROOT / "bench-results.json").write_text(json.dumps(figures, indent=2) + "\n")
