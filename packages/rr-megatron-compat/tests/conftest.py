@@ -4,31 +4,20 @@ routers attached fails."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import rr_core
+from rr_fakes.megatron import unavailable_reason
 
 HERE = Path(__file__).parent
 #: Tests that run without megatron-core (version flags, lazy imports, the doctor view).
 NO_MEGATRON_NEEDED = ("test_compat_install.py::test_nomegatron_",)
 
 
-def _unavailable() -> str | None:
-    try:
-        from rr_fakes.megatron import megatron_cpu
-
-        with megatron_cpu():
-            importlib.import_module("megatron.core")
-    except ImportError as error:
-        return f"megatron-core unavailable: {error}"
-    return None
-
-
-REASON = _unavailable()
+REASON = unavailable_reason()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

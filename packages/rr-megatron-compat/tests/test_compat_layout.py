@@ -35,22 +35,13 @@ from rr_core import (
     num_layers_to_build,
     virtual_stage_layer_counts,
 )
+from rr_fakes.megatron import unavailable_reason
 from rr_megatron_compat._layout import layout_config, parse_moe_layer_freq
 
+if (_REASON := unavailable_reason()) is not None:
+    pytest.skip(_REASON, allow_module_level=True)
 
-def _megatron_or_skip() -> None:
-    try:
-        from rr_fakes.megatron import megatron_cpu
-
-        with megatron_cpu():
-            importlib.import_module("megatron.core")
-    except ImportError as error:
-        pytest.skip(f"megatron-core unavailable: {error}", allow_module_level=True)
-
-
-_megatron_or_skip()
-
-from rr_fakes.megatron import megatron_cpu  # noqa: E402
+from rr_fakes.megatron import megatron_cpu
 
 LINE = Version(Version(importlib.metadata.version("megatron-core")).base_version)
 HAS_LAYOUT = Version("0.13") <= LINE

@@ -6,7 +6,6 @@ installed."""
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 from typing import Any
@@ -43,17 +42,11 @@ def routes(
     return torch.randint(-32768, 32767, (T, L, K), generator=g).to(dtype)
 
 
-@functools.cache
 def megatron_available() -> bool:
     """Checked when a test runs, not at import: spawned ranks re-import this module."""
-    try:
-        from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.megatron import unavailable_reason
 
-        with megatron_cpu():
-            importlib.import_module("megatron.core")
-    except ImportError:
-        return False
-    return True
+    return unavailable_reason() is None
 
 
 def needs_megatron() -> None:

@@ -4,25 +4,12 @@ another package's conftest)."""
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
-
-
-def megatron_unavailable() -> str | None:
-    try:
-        from rr_fakes.megatron import megatron_cpu
-
-        with megatron_cpu():
-            importlib.import_module("megatron.core")
-    except ImportError as error:
-        return f"megatron-core unavailable: {error}"
-    return None
-
 
 FRESH = "RR_NPU_FRESH_PROCESS"
 

@@ -24,9 +24,9 @@ import pytest
 import rr_megatron_compat as rmc
 import rr_npu
 from rr_core import ReplayController, ReplayMode
-from rr_npu_testing import megatron_unavailable
+from rr_fakes.megatron import unavailable_reason
 
-REASON = megatron_unavailable()
+REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 

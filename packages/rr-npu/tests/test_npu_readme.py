@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rr_npu_testing import megatron_unavailable
+from rr_fakes.megatron import unavailable_reason
 
-REASON = megatron_unavailable()
+REASON = unavailable_reason()
 README = Path(__file__).parents[1] / "README.md"
 
 

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pytest
 
-from rr_fakes.megatron import megatron_cpu
+from rr_fakes.megatron import unavailable_reason
 
 HERE = Path(__file__).parent
 
 
-def _unavailable() -> str | None:
-    """Why megatron.core cannot be used here, or None. The import runs inside the harness:
-    0.18+ cannot import megatron.core without triton."""
-    try:
-        with megatron_cpu():
-            importlib.import_module("megatron.core")
-    except ImportError as error:
-        return f"megatron-core unavailable: {error}"
-    return None
-
-
-REASON = _unavailable()
+REASON = unavailable_reason()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,8 +8,6 @@ Each rank function runs in a spawned process and returns plain data (tensors as 
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,17 +29,11 @@ RECOMPUTE = {
 launch = pytest.importorskip("rr_fakes.megatron").launch
 
 
-@functools.cache
 def megatron_available() -> bool:
     """Checked when a test runs, not at import: spawned ranks re-import this module."""
-    try:
-        from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.megatron import unavailable_reason
 
-        with megatron_cpu():
-            importlib.import_module("megatron.core")
-    except ImportError:
-        return False
-    return True
+    return unavailable_reason() is None
 
 
 @pytest.fixture(autouse=True)

@@ -8,9 +8,9 @@ so the version table in ``_lines`` stays cheap to read.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from rr_core._lazy import lazy_exports
 from rr_fakes.megatron._lines import MEGATRON_LINES, MEGATRON_RANGE
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         transformer_config,
     )
     from rr_fakes.megatron._launch import RankFailedError, launch
-    from rr_fakes.megatron._shims import megatron_cpu
+    from rr_fakes.megatron._shims import megatron_cpu, unavailable_reason
 
 _LAZY: dict[str, str] = {
     "ParallelSizes": "rr_fakes.megatron._dist",
@@ -48,6 +48,7 @@ _LAZY: dict[str, str] = {
     "RankFailedError": "rr_fakes.megatron._launch",
     "launch": "rr_fakes.megatron._launch",
     "megatron_cpu": "rr_fakes.megatron._shims",
+    "unavailable_reason": "rr_fakes.megatron._shims",
 }
 
 __all__ = [
@@ -69,17 +70,8 @@ __all__ = [
     "model_parallel",
     "train_step",
     "transformer_config",
+    "unavailable_reason",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rr_fakes.megatron' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

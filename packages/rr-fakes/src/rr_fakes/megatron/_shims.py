@@ -9,6 +9,7 @@ behaviour it stands in for.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.machinery
 import sys
@@ -349,3 +350,16 @@ def megatron_cpu() -> Iterator[MegatronFlags]:
         _depth -= 1
         _remove_triton_stub()
         patches.undo()
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """Why megatron-core cannot be used in this process, or None when it can. The import runs
+    inside :func:`megatron_cpu` (0.18+ cannot import megatron.core without the triton
+    stand-in); cached per process, so spawned ranks check once each."""
+    try:
+        with megatron_cpu():
+            importlib.import_module("megatron.core")
+    except ImportError as error:
+        return f"megatron-core unavailable: {error}"
+    return None
