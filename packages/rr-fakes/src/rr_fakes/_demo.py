@@ -256,10 +256,29 @@ def _padded(rollouts: list[Rollout], batch: Any) -> tuple[torch.Tensor, torch.Te
     return ids_BS, routes_BSLK, valid_BS
 
 
+def _arm_rollout(
+    controller: ReplayController,
+    routes_BSLK: torch.Tensor,
+    valid_BS: torch.Tensor,
+    layer_numbers: tuple[int, ...],
+) -> None:
+    """R3: replay the captured routes in the router's row order ([S, B] flattened); rows
+    without a route (the last token, padding) route natively."""
+    from rr_megatron_compat import batch_to_router_rows
+
+    controller.set_mode(ReplayMode.REPLAY)
+    controller.arm(
+        0,
+        batch_to_router_rows(routes_BSLK),
+        layer_numbers=layer_numbers,
+        replay_mask_T=valid_BS.transpose(0, 1).reshape(-1),
+    )
+
+
 def _trainer_forward(
     model: nn.Module, rollouts: list[Rollout], batch: Any, cfg: DemoConfig
 ) -> Callable[..., _Pass]:
-    from rr_megatron_compat import attach, batch_to_router_rows
+    from rr_megatron_compat import attach
 
     ids_BS, routes_BSLK, valid_BS = _padded(rollouts, batch)
     moe_BSMK = routes_BSLK[:, :, 1:]
@@ -269,13 +288,7 @@ def _trainer_forward(
         attach(controller, model)
         try:
             if replay:
-                controller.set_mode(ReplayMode.REPLAY)
-                controller.arm(
-                    0,
-                    batch_to_router_rows(routes_BSLK),
-                    layer_numbers=batch.meta.layer_numbers,
-                    replay_mask_T=valid_BS.transpose(0, 1).reshape(-1),
-                )
+                _arm_rollout(controller, routes_BSLK, valid_BS, batch.meta.layer_numbers)
             with torch.no_grad(), _routing_maps(model) as maps:
                 logits_BSV = _logits(model, ids_BS)
             controller.end_step()
@@ -299,7 +312,7 @@ def _train_step(model: nn.Module, rollouts: list[Rollout], batch: Any, cfg: Demo
     on; strict: any armed target left unused raises."""
     from megatron.core.pipeline_parallel import schedules
 
-    from rr_megatron_compat import attach, batch_to_router_rows
+    from rr_megatron_compat import attach
 
     ids_BS, routes_BSLK, valid_BS = _padded(rollouts, batch)
     labels_BS = torch.roll(ids_BS, -1, dims=1)
@@ -308,13 +321,7 @@ def _train_step(model: nn.Module, rollouts: list[Rollout], batch: Any, cfg: Demo
     model.train()
     attach(controller, model)
     try:
-        controller.set_mode(ReplayMode.REPLAY)
-        controller.arm(
-            0,
-            batch_to_router_rows(routes_BSLK),
-            layer_numbers=batch.meta.layer_numbers,
-            replay_mask_T=valid_BS.transpose(0, 1).reshape(-1),
-        )
+        _arm_rollout(controller, routes_BSLK, valid_BS, batch.meta.layer_numbers)
 
         def loss_fn(out: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             loss = out.float().mean()
