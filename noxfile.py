@@ -6,9 +6,13 @@ it, so no dependency can pull a multi-GB CUDA build.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import runpy
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,25 @@ MEGATRON_TESTS = [
 VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
 
 
+def drops_venv(body: Callable[..., None]) -> Callable[..., None]:
+    """With RR_NOX_DROP_VENVS=1 (CI), delete the session's venv once it ends, pass or fail.
+
+    Each venv holds its own ~1 GB torch; fifteen of them at once filled a CI disk.
+    """
+
+    @functools.wraps(body)
+    def run(session: nox.Session, **params: Any) -> None:
+        try:
+            body(session, **params)
+        finally:
+            location = getattr(session.virtualenv, "location", None)
+            if os.environ.get("RR_NOX_DROP_VENVS") == "1" and location:
+                session.log(f"dropping {location}")
+                shutil.rmtree(location, ignore_errors=True)
+
+    return run
+
+
 def install_with_torch(session: nox.Session, *args: str) -> None:
     """Install torch==2.13.0 first, then ``args`` constrained to that torch."""
     constraints = Path(session.create_tmp()) / "torch-constraint.txt"
@@ -57,6 +80,7 @@ def report_versions(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+@drops_venv
 def lint(session: nox.Session) -> None:
     """ruff check and format, mypy (strict on rr_core), import-linter layer contracts."""
     install_with_torch(session, "ruff", "mypy", "import-linter", *editable(*ALL_PACKAGES))
@@ -69,6 +93,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+@drops_venv
 def core(session: nox.Session) -> None:
     """rr-core, rr-fakes, rr-vllm and rr-npu tests (pytest-xdist), torch only: no megatron."""
     install_with_torch(
@@ -83,6 +108,7 @@ def core(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+@drops_venv
 def vllm(session: nox.Session) -> None:
     """rr-vllm against the real vLLM output, sampling and engine-argument classes (CPU import)."""
     install_with_torch(session, "numpy")
@@ -95,6 +121,7 @@ def vllm(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", default=False)
+@drops_venv
 def doctor(session: nox.Session) -> None:
     """Install every rr package and run `rr doctor` (what is installed, what is supported)."""
     install_with_torch(session, *editable(*ALL_PACKAGES))
@@ -111,6 +138,7 @@ BENCHMARKS = {
 
 
 @nox.session(python="3.11", default=False)
+@drops_venv
 def bench(session: nox.Session) -> None:
     """Every benchmark, one process each, side by side: one table and bench-results.json."""
     release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
@@ -188,6 +216,7 @@ def bench_table(figures: dict[str, Any]) -> str:
 
 @nox.session(python="3.11")
 @nox.parametrize("line", list(MEGATRON_LINES), ids=list(MEGATRON_LINES))
+@drops_venv
 def megatron(session: nox.Session, line: str) -> None:
     """Real megatron-core on CPU, one pinned release per line: harness and compat tests."""
     release, flags, extras = MEGATRON_LINES[line]
@@ -211,6 +240,7 @@ DISTRIBUTED_LINES = (next(iter(MEGATRON_LINES)), list(MEGATRON_LINES)[-1])  # ol
 
 @nox.session(python="3.11")
 @nox.parametrize("line", list(DISTRIBUTED_LINES), ids=list(DISTRIBUTED_LINES))
+@drops_venv
 def distributed(session: nox.Session, line: str) -> None:
     """Two-process gloo replay: PP=2 1F1B R3 across stages, EP=2 alltoall with duplicate ids,
     PP=2 x VPP=2 interleaved with activation recompute (oldest and newest line)."""
@@ -232,6 +262,7 @@ NPU_LINES = ("0.12", "0.16")  # the lines MindSpeed users run
 
 @nox.session(python="3.11")
 @nox.parametrize("line", list(NPU_LINES), ids=list(NPU_LINES))
+@drops_venv
 def npu(session: nox.Session, line: str) -> None:
     """rr-npu on the emulated Ascend stack (MindSpeed, torch_npu) over real megatron-core."""
     release, flags, extras = MEGATRON_LINES[line]
@@ -245,6 +276,7 @@ def npu(session: nox.Session, line: str) -> None:
 
 
 @nox.session(python="3.11", default=False)
+@drops_venv
 def demo(session: nox.Session) -> None:
     """The main job on CPU: roll out, capture as vLLM returns it, replay in real Megatron."""
     release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]  # the newest line
