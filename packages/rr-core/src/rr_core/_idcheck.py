@@ -1,8 +1,9 @@
 """Vectorised per-row checks of top-k id rows, shared by route validation and replay arming.
 
-Rows are ``[..., K]``. The K columns are first laid out contiguously (``[K, R]``, one copy);
-reductions and comparisons along that layout are several times faster on CPU than sorting each
-row or reducing over a strided last dimension.
+Rows are ``[..., K]``. Byte ids on the CPU with K in {2, 4, 8} are checked a whole row-word at a
+time (:mod:`rr_core._idcheck_words`). Otherwise the K columns are first laid out contiguously
+(``[K, R]``, one copy); reductions and comparisons along that layout are several times faster
+than sorting each row or reducing over a strided last dimension.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+from rr_core import _idcheck_words
 
 
 class RowFlags(NamedTuple):
@@ -22,6 +25,13 @@ class RowFlags(NamedTuple):
 
 def row_flags(ids_RK: torch.Tensor, num_experts: int) -> RowFlags:
     """Flags for every row of ``ids_RK`` (any integer dtype, any leading shape flattened)."""
+    if _idcheck_words.covers(ids_RK):
+        return RowFlags(*_idcheck_words.word_flags(ids_RK, num_experts))
+    return column_flags(ids_RK, num_experts)
+
+
+def column_flags(ids_RK: torch.Tensor, num_experts: int) -> RowFlags:
+    """:func:`row_flags` by comparisons of contiguous id columns (any dtype and device)."""
     k = ids_RK.shape[-1]
     ids_KR = ids_RK.reshape(-1, k).t().contiguous()
     high_R, low_R = ids_KR.amax(dim=0), ids_KR.amin(dim=0)

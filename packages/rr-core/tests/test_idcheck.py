@@ -1,0 +1,63 @@
+"""The word-level row checks agree with the column comparisons on every row, and both find what
+a plain per-row reading finds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rr_core import _idcheck_words
+from rr_core._idcheck import column_flags, row_flags
+
+
+def naive(ids_RK: torch.Tensor, num_experts: int) -> list[tuple[bool, bool, bool]]:
+    rows = ids_RK.reshape(-1, ids_RK.shape[-1]).tolist()
+    return [(max(r) >= num_experts or min(r) < 0, len(set(r)) < len(r), any(r)) for r in rows]
+
+
+def flags_list(flags: tuple[torch.Tensor, ...]) -> list[tuple[bool, bool, bool]]:
+    return list(zip(*(f.tolist() for f in flags), strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    k=st.sampled_from([2, 4, 8]),
+    num_experts=st.sampled_from([8, 60, 64, 127, 128, 129, 160, 255, 256]),
+    rows=st.integers(1, 300),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_word_flags_match_columns_and_rows(k: int, num_experts: int, rows: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 256, size=(rows, k), dtype=np.uint8)
+    distinct = rng.random(rows) < 0.5  # half the rows are true top-k rows of [0, E)
+    ids[distinct] = np.argsort(rng.random((int(distinct.sum()), num_experts)), axis=1)[:, :k]
+    ids[rng.random(rows) < 0.1] = 0
+    close = rng.random(rows) < 0.2  # ids right at the range boundary
+    ids[close] = np.clip(num_experts - 1 + rng.integers(0, 2, (int(close.sum()), k)), 0, 255)
+    t = torch.from_numpy(ids)
+    assert _idcheck_words.covers(t)
+    words = flags_list(row_flags(t, num_experts))
+    assert words == flags_list(column_flags(t, num_experts))
+    assert words == naive(t, num_experts)
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.uint8])
+def test_other_rows_take_the_column_path(dtype: torch.dtype) -> None:
+    ids = torch.tensor([[0, 1, 2], [3, 3, 1], [0, 0, 0], [5, 1, 9]], dtype=dtype)
+    assert not _idcheck_words.covers(ids)
+    assert flags_list(row_flags(ids, 6)) == naive(ids, 6)
+
+
+def test_chunks_cover_every_row() -> None:
+    """Rows past the first in-cache chunk are checked, not skipped."""
+    n = 3 * _idcheck_words.CHUNK + 5
+    ids = torch.arange(8, dtype=torch.uint8).repeat(n, 1)
+    ids[-1, 7] = 0  # a repeat in the very last row
+    ids[2 * _idcheck_words.CHUNK, 0] = 200  # out of range in a later chunk
+    out_of_range, repeated, nonzero = row_flags(ids, 128)
+    assert repeated.nonzero().flatten().tolist() == [n - 1]
+    assert out_of_range.nonzero().flatten().tolist() == [2 * _idcheck_words.CHUNK]
+    assert bool(nonzero.all())
