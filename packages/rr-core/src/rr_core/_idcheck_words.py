@@ -13,11 +13,13 @@ Rows go through in chunks of ``CHUNK`` words so that the temporaries stay in cac
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 CHUNK = 1 << 15
-_WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def covers(ids_RK: torch.Tensor) -> bool:
@@ -26,7 +28,7 @@ def covers(ids_RK: torch.Tensor) -> bool:
     return cpu_bytes and ids_RK.shape[-1] in _WORDS
 
 
-def _every_byte(word: type[np.unsignedinteger], byte: int) -> np.unsignedinteger:
+def _every_byte(word: type[np.unsignedinteger[Any]], byte: int) -> np.unsignedinteger[Any]:
     return word(int.from_bytes(bytes([byte]) * np.dtype(word).itemsize, "little"))
 
 
