@@ -504,9 +504,9 @@ def test_padded_length_errors() -> None:
 def test_validation_in_blocks_reports_global_rows_and_total_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import rr_core._validate as validate
+    import rr_core._validate_ids as validate_ids
 
-    monkeypatch.setattr(validate, "_BLOCK_IDS", 12)  # two rows per block
+    monkeypatch.setattr(validate_ids, "_BLOCK_IDS", 12)  # two rows per block
     RouteBatch(_good(7), [0, 2, 7], None, _meta())
     v = _good(7)
     v[3, 2, 1] = 9

@@ -21,11 +21,11 @@ from rr_core._validate import (
     as_bool,
     as_int_tensor,
     as_tensor,
-    check_ids,
     check_meta,
     check_padded,
     check_structure,
 )
+from rr_core._validate_ids import check_ids
 
 PaddingSide = Literal["left", "right"]
 

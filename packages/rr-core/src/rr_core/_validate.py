@@ -1,14 +1,12 @@
-"""Checks on route data; each error names sequence, token row, layer number and the ids.
+"""Checks on the structure of route data (tensors, dtypes, meta, offsets, padding); the id
+checks are in :mod:`rr_core._validate_ids`.
 
-Shape legend: N total token rows, R rows of one block, B sequences, S padded length, L layer slots,
-M MoE slots, K top-k. The checks are vectorised over blocks of rows; only the first offending row
-is located (on the host) for the message.
+Shape legend: N total token rows, B sequences, S padded length, L layer slots, K top-k.
 """
 
 from __future__ import annotations
 
 import operator
-from bisect import bisect_right
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +16,6 @@ import torch
 
 from rr_core._axis import LAYER_AXES
 from rr_core._errors import LayoutError, RouteValidationError
-from rr_core._idcheck import row_flags
 
 if TYPE_CHECKING:
     from rr_core._routes import RouteMeta
@@ -178,109 +175,5 @@ def check_structure(
         )
 
 
-def _where(offsets: list[int], row: int) -> str:
-    b = bisect_right(offsets, row) - 1
-    return f"sequence {b}, token row {row - offsets[b]} (global row {row})"
-
-
 def _first(mask: torch.Tensor) -> list[int]:
     return [int(i) for i in mask.nonzero()[0]]
-
-
-class _Hits:
-    """First offending (row, slot) and the count of offending row-slot pairs, across blocks."""
-
-    def __init__(self) -> None:
-        self.first: tuple[int, int] | None = None
-        self.count = 0
-
-    def add(self, bad_RX: torch.Tensor, start: int) -> None:
-        n = int(bad_RX.sum())
-        if n and self.first is None:
-            row, slot = _first(bad_RX)
-            self.first = (start + row, slot)
-        self.count += n
-
-
-# Rows are checked in blocks of about this many ids, so the boolean temporaries of a
-# multi-gigabyte batch stay small.
-_BLOCK_IDS = 1 << 24
-
-
-def check_ids(
-    values_NLK: torch.Tensor,
-    offsets_B1: torch.Tensor,
-    valid_N: torch.Tensor,
-    meta: RouteMeta,
-    *,
-    allow_all_zero: bool = False,
-) -> None:
-    """Dense slots hold zeros on every row; on valid rows each MoE slot holds K distinct ids in
-    ``[0, E)``; no MoE slot is zero on every valid row of a sequence (E1) unless allowed.
-
-    Errors are reported in that order, E1 before repeats since a zero row also repeats id 0.
-    """
-    N, L, K = values_NLK.shape
-    if N == 0:
-        return
-    offsets, B = offsets_B1.tolist(), offsets_B1.numel() - 1
-    layers, E, dev = meta.layer_numbers, meta.num_experts, values_NLK.device
-    dense, moe = meta.dense_slots, meta.moe_slots
-    dense_idx, moe_idx = torch.tensor(dense, device=dev), torch.tensor(moe, device=dev)
-    seq_N = torch.repeat_interleave(torch.arange(B, device=dev), offsets_B1.diff(), output_size=N)
-    routed_BM = torch.zeros(B, len(moe), dtype=torch.int64, device=dev)
-    nonzero, outside, repeated = _Hits(), _Hits(), _Hits()
-    step = max(1, _BLOCK_IDS // (L * K))
-    for start in range(0, N, step):
-        block_RLK, valid_R1 = values_NLK[start : start + step], valid_N[start : start + step, None]
-        if dense:
-            nonzero.add((block_RLK.index_select(1, dense_idx) != 0).any(-1), start)
-        v_RMK = block_RLK if len(moe) == L else block_RLK.index_select(1, moe_idx)
-        flags = row_flags(v_RMK, E)
-        outside.add(flags.out_of_range_R.view(v_RMK.shape[:2]) & valid_R1, start)
-        routed_RM = flags.nonzero_R.view(v_RMK.shape[:2]) & valid_R1
-        routed_BM.index_add_(0, seq_N[start : start + step], routed_RM.to(torch.int64))
-        repeated.add(flags.repeated_R.view(v_RMK.shape[:2]) & valid_R1, start)
-
-    if nonzero.first is not None:
-        row, j = nonzero.first
-        slot = dense[j]
-        raise RouteValidationError(
-            f"{_where(offsets, row)}, layer {layers[slot]} (slot {slot}, dense): ids "
-            f"{values_NLK[row, slot].tolist()} are non-zero, but a dense layer has no route and "
-            f"must hold zeros; {nonzero.count} row-layer pair(s) affected. The layer axis is "
-            "probably shifted or meta.moe_layer_numbers is wrong"
-        )
-    if outside.first is not None:
-        row, j = outside.first
-        raise RouteValidationError(
-            f"{_where(offsets, row)}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids "
-            f"{values_NLK[row, moe[j]].tolist()} are outside [0, {E}) for num_experts={E}; "
-            f"{outside.count} row-layer pair(s) affected. Physical instead of logical ids (E2), "
-            "or a wrong num_experts?"
-        )
-    if not allow_all_zero:
-        valid_B = torch.zeros(B, dtype=torch.int64, device=dev)
-        valid_B.index_add_(0, seq_N, valid_N.to(torch.int64))
-        dead_BM = (routed_BM == 0) & (valid_B > 0)[:, None]
-        if bool(dead_BM.any()):
-            b, j = _first(dead_BM)
-            first = int(valid_N[offsets[b] : offsets[b + 1]].nonzero()[0])
-            hint = (
-                ", or pass allow_all_zero=True if these routes are genuine"
-                if K == 1
-                else f" (with top_k={K} a zero row repeats id 0, so it cannot be a real route)"
-            )
-            raise RouteValidationError(
-                f"sequence {b}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids are all zero "
-                f"on all {int(valid_B[b])} valid rows (from token row {first}), the signature of "
-                f"a capture that zero-filled its routes (E1); {int(dead_BM.sum())} "
-                f"sequence-layer pair(s) affected. Fix the capture{hint}"
-            )
-    if repeated.first is not None:
-        row, j = repeated.first
-        raise RouteValidationError(
-            f"{_where(offsets, row)}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids "
-            f"{values_NLK[row, moe[j]].tolist()} repeat an id; a valid row needs top_k={K} "
-            f"distinct ids; {repeated.count} row-layer pair(s) affected"
-        )

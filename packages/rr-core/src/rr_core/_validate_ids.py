@@ -1,0 +1,148 @@
+"""The id checks of a route batch; each error names sequence, token row, layer number and ids.
+
+Shape legend: N total token rows, R rows of one block, B sequences, L layer slots, M MoE slots,
+K top-k. Rows are scanned in blocks of about ``_BLOCK_IDS`` ids. Each block's per-row flags are
+computed where the ids live (:func:`rr_core._idcheck.row_flags`, one flag per row and slot, so
+only 1/K of the ids' count crosses to the host); masks, counts and per-sequence reductions run on
+the host in numpy, several times faster on CPU than torch's boolean reductions.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from rr_core._errors import RouteValidationError
+from rr_core._idcheck import row_flags
+
+if TYPE_CHECKING:
+    from rr_core._routes import RouteMeta
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.intp]
+
+# Rows are checked in blocks of about this many ids, so that the flags of a multi-gigabyte batch
+# stay small.
+_BLOCK_IDS = 1 << 24
+
+
+def _where(offsets: list[int], row: int) -> str:
+    b = bisect_right(offsets, row) - 1
+    return f"sequence {b}, token row {row - offsets[b]} (global row {row})"
+
+
+def _host(flags: torch.Tensor) -> BoolArray:
+    return flags.cpu().numpy()
+
+
+class _Hits:
+    """First offending (row, slot) and the count of offending row-slot pairs, across blocks."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, int] | None = None
+        self.count = 0
+
+    def add(self, bad_RX: BoolArray, start: int) -> None:
+        n = int(np.count_nonzero(bad_RX))
+        if n and self.first is None:
+            row, slot = divmod(int(np.argmax(bad_RX)), bad_RX.shape[1])
+            self.first = (start + row, slot)
+        self.count += n
+
+
+def _segments(offsets_B1: IntArray, start: int, stop: int) -> tuple[IntArray, IntArray]:
+    """``(sequences, first rows relative to start)`` of the non-empty parts of sequences within
+    rows ``[start, stop)``, for ``np.logical_or.reduceat`` (which needs no empty segments)."""
+    lo = np.maximum(offsets_B1[:-1], start)
+    hi = np.minimum(offsets_B1[1:], stop)
+    seqs = np.flatnonzero(lo < hi)
+    return seqs, lo[seqs] - start
+
+
+def check_ids(
+    values_NLK: torch.Tensor,
+    offsets_B1: torch.Tensor,
+    valid_N: torch.Tensor,
+    meta: RouteMeta,
+    *,
+    allow_all_zero: bool = False,
+) -> None:
+    """Dense slots hold zeros on every row; on valid rows each MoE slot holds K distinct ids in
+    ``[0, E)``; no MoE slot is zero on every valid row of a sequence (E1) unless allowed.
+
+    Errors are reported in that order, E1 before repeats since a zero row also repeats id 0.
+    """
+    N, L, K = values_NLK.shape
+    if N == 0:
+        return
+    offsets = offsets_B1.tolist()
+    offsets_np = np.asarray(offsets, dtype=np.intp)
+    layers, E = meta.layer_numbers, meta.num_experts
+    dense, moe = list(meta.dense_slots), list(meta.moe_slots)
+    valid = _host(valid_N)
+    routed_BM = np.zeros((len(offsets) - 1, len(moe)), dtype=bool)
+    nonzero, outside, repeated = _Hits(), _Hits(), _Hits()
+    step = max(1, _BLOCK_IDS // (L * K))
+    for start in range(0, N, step):
+        stop = min(N, start + step)
+        shape = (stop - start, L)
+        out_RL, rep_RL, nz_RL = (
+            _host(f).reshape(shape) for f in row_flags(values_NLK[start:stop], E)
+        )
+        valid_R1 = valid[start:stop, None]
+        if dense:
+            nonzero.add(nz_RL[:, dense], start)
+        if moe != list(range(L)):
+            out_RL, rep_RL, nz_RL = out_RL[:, moe], rep_RL[:, moe], nz_RL[:, moe]
+        outside.add(out_RL & valid_R1, start)
+        repeated.add(rep_RL & valid_R1, start)
+        if not allow_all_zero:
+            seqs, firsts = _segments(offsets_np, start, stop)
+            routed_BM[seqs] |= np.logical_or.reduceat(nz_RL & valid_R1, firsts, axis=0)
+
+    if nonzero.first is not None:
+        row, j = nonzero.first
+        slot = dense[j]
+        raise RouteValidationError(
+            f"{_where(offsets, row)}, layer {layers[slot]} (slot {slot}, dense): ids "
+            f"{values_NLK[row, slot].tolist()} are non-zero, but a dense layer has no route and "
+            f"must hold zeros; {nonzero.count} row-layer pair(s) affected. The layer axis is "
+            "probably shifted or meta.moe_layer_numbers is wrong"
+        )
+    if outside.first is not None:
+        row, j = outside.first
+        raise RouteValidationError(
+            f"{_where(offsets, row)}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids "
+            f"{values_NLK[row, moe[j]].tolist()} are outside [0, {E}) for num_experts={E}; "
+            f"{outside.count} row-layer pair(s) affected. Physical instead of logical ids (E2), "
+            "or a wrong num_experts?"
+        )
+    if not allow_all_zero:
+        counted = np.concatenate([[0], np.cumsum(valid, dtype=np.int64)])
+        valid_B = counted[offsets_np[1:]] - counted[offsets_np[:-1]]
+        dead_BM = ~routed_BM & (valid_B > 0)[:, None]
+        if dead_BM.any():
+            b, j = divmod(int(np.argmax(dead_BM)), dead_BM.shape[1])
+            first = int(np.argmax(valid[offsets[b] : offsets[b + 1]]))
+            hint = (
+                ", or pass allow_all_zero=True if these routes are genuine"
+                if K == 1
+                else f" (with top_k={K} a zero row repeats id 0, so it cannot be a real route)"
+            )
+            raise RouteValidationError(
+                f"sequence {b}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids are all zero "
+                f"on all {int(valid_B[b])} valid rows (from token row {first}), the signature of "
+                f"a capture that zero-filled its routes (E1); {int(dead_BM.sum())} "
+                f"sequence-layer pair(s) affected. Fix the capture{hint}"
+            )
+    if repeated.first is not None:
+        row, j = repeated.first
+        raise RouteValidationError(
+            f"{_where(offsets, row)}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids "
+            f"{values_NLK[row, moe[j]].tolist()} repeat an id; a valid row needs top_k={K} "
+            f"distinct ids; {repeated.count} row-layer pair(s) affected"
+        )
