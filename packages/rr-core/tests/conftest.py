@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 
 import rr_core
 
@@ -15,3 +16,11 @@ def _no_leaked_attachments() -> Iterator[None]:
     yield
     leaked = rr_core.attached_router_count() - before
     assert leaked <= 0, f"test left {leaked} routers attached; call controller.detach()"
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[Callable[[int], None]]:
+    """Set ``torch.set_num_threads`` (which rr_core's row loops follow) for one test."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)

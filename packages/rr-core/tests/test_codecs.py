@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -268,8 +269,9 @@ def test_packed_cpu_encoding_falls_back_to_the_reference_layout(
     assert torch.equal(_bitpack_bytes.unpack_byte_ids(reference, ids.numel(), 7), ids)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("E", [8, 60, 128, 160, 256])
-def test_fast_set_path_matches_the_general_one(E: int) -> None:
+def test_fast_set_path_matches_the_general_one(E: int, threads: int, torch_threads: Any) -> None:
     from rr_core._codec_set import unrank_single
     from rr_core._codec_set_fast import BLOCK as SET_BLOCK
     from rr_core._codec_set_fast import fast_shape, rank_fast, unrank_fast
@@ -281,6 +283,7 @@ def test_fast_set_path_matches_the_general_one(E: int) -> None:
     ids[0], ids[1] = np.arange(E - 8, E), np.arange(8)  # the largest and the smallest set
     ids_RK = torch.from_numpy(ids)
     ranks = rank_sets(ids_RK, E, single_out=True)
+    torch_threads(threads)  # two threads: the second decodes the blocks from SET_BLOCK on
     assert torch.equal(rank_fast(ids_RK, E), ranks)
     out = unrank_fast(ranks, E)
     assert torch.equal(out, ids_RK.sort(dim=1).values)
@@ -289,6 +292,9 @@ def test_fast_set_path_matches_the_general_one(E: int) -> None:
         twice = ids_RK.clone()
         twice[row, i] = twice[row, j]
         assert rank_fast(twice, E) is None
+    corrupt = ranks.clone()
+    corrupt[2 * SET_BLOCK + 2] = math.comb(E, 8)  # no such set, in the last range
+    assert unrank_fast(corrupt, E) is None
 
 
 def test_set_codec_falls_back_when_casts_drop_low_bytes(monkeypatch: pytest.MonkeyPatch) -> None:

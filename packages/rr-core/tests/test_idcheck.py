@@ -3,6 +3,8 @@ a plain per-row reading finds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -51,8 +53,10 @@ def test_other_rows_take_the_column_path(dtype: torch.dtype) -> None:
     assert flags_list(row_flags(ids, 6)) == naive(ids, 6)
 
 
-def test_chunks_cover_every_row() -> None:
-    """Rows past the first in-cache chunk are checked, not skipped."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chunks_cover_every_row(threads: int, torch_threads: Callable[[int], None]) -> None:
+    """Rows past the first in-cache chunk, and in the second thread's range, are checked."""
+    torch_threads(threads)
     n = 3 * _idcheck_words.CHUNK + 5
     ids = torch.arange(8, dtype=torch.uint8).repeat(n, 1)
     ids[-1, 7] = 0  # a repeat in the very last row

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from rr_core._codec_set import _greedy_cpu
+from rr_core._threads import over_ranges
 
 Put = Callable[[int, np.ndarray], object]  # (first row, a block of int64 ranks viewed as uint64)
 BLOCK = 1 << 16
@@ -184,12 +185,18 @@ def unrank_fast(rank_R: torch.Tensor, num_experts: int) -> torch.Tensor | None:
 
 def unrank_from(R: int, num_experts: int, get: Put) -> torch.Tensor | None:
     """:func:`unrank_fast` of ``R`` ranks that ``get(first row, block)`` writes, a block at a
-    time, into an int64 block (viewed as uint64)."""
+    time, into an int64 block (viewed as uint64). Ranges of blocks go to parallel threads."""
+    out_RK = np.empty((R, TOP_K), dtype=np.uint8)
+    done = over_ranges(R, BLOCK, lambda a, b: _unrank_range(a, b, num_experts, get, out_RK))
+    return torch.from_numpy(out_RK) if all(done) else None
+
+
+def _unrank_range(start: int, stop: int, num_experts: int, get: Put, out_RK: np.ndarray) -> bool:
+    """Rows ``[start, stop)`` of :func:`unrank_from`; False if a rank is ``>= C(E, 8)``."""
     total = math.comb(num_experts, TOP_K)
     steps = _unrank_tables(num_experts)
     m, last = _last_ids(num_experts)
-    out_RK = np.empty((R, TOP_K), dtype=np.uint8)
-    B = min(BLOCK, R)
+    B = min(BLOCK, stop - start)
     r = np.empty(B, dtype=np.int64)
     f = np.empty(B, dtype=np.float32)
     b = np.empty(B, dtype=np.int32)
@@ -198,12 +205,12 @@ def unrank_from(R: int, num_experts: int, get: Put) -> torch.Tensor | None:
     low = np.empty(B, dtype=np.int32)
     ge = np.empty(B, dtype=bool)
     t_b, t_thr, t_v = torch.from_numpy(b), torch.from_numpy(thr), torch.from_numpy(v)
-    for a in range(0, R, B):
-        n = min(B, R - a)
+    for a in range(start, stop, B):
+        n = min(B, stop - a)
         rn, fn, bn, vn, gn, ln = r[:n], f[:n], b[:n], v[:n], ge[:n], low[:n]
         get(a, rn.view(np.uint64))
         if int(rn.view(np.uint64).max()) >= total:  # no set: the payload is corrupt
-            return None
+            return False
         for step, (shift, thr_T, packed_T) in enumerate(steps):
             np.copyto(fn, rn, casting="unsafe")  # monotone and exact enough for a bucket
             np.right_shift(fn.view(np.int32), shift, out=bn)
@@ -219,4 +226,4 @@ def unrank_from(R: int, num_experts: int, get: Put) -> torch.Tensor | None:
         if m == 3:
             np.right_shift(ln, 16, out=ln)
             np.copyto(out_RK[a : a + n, 2], ln, casting="unsafe")
-    return torch.from_numpy(out_RK)
+    return True

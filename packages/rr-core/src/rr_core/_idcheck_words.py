@@ -3,12 +3,14 @@ machine word, so a row's flags come from a few integer operations on that word i
 K(K-1)/2 byte comparisons.
 
 - Repeat: the row repeats an id iff, for some cyclic distance d in 1..K/2, the word XOR the
-  word rotated by d bytes has a zero byte (exact test: ``(y - 0x01..) & ~y & 0x80..`` is non-zero
-  iff some byte of y is zero).
+  word rotated by d bytes has a zero byte. The bytewise minimum over the K/2 rotations has a
+  zero byte iff one of them does (exact test: ``(y - 0x01..) & ~y & 0x80..`` is non-zero iff
+  some byte of y is zero).
 - Out of range: byte x >= E, per byte with no carry between bytes (``_high_bytes``).
 - Non-zero: the word is non-zero.
 
-Rows go through in chunks of ``CHUNK`` words so that the temporaries stay in cache.
+Rows go through in chunks of ``CHUNK`` words so that the temporaries stay in cache, on
+``torch.get_num_threads()`` threads.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from rr_core._threads import over_ranges
 
 CHUNK = 1 << 15
 _WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -53,29 +57,33 @@ def _high_bytes(w: np.ndarray, num_experts: int, tmp: np.ndarray) -> np.ndarray:
 def word_flags(ids_RK: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, ...]:
     """``(out_of_range_R, repeated_R, nonzero_R)`` of uint8 rows ``[..., K]``, K in {2, 4, 8}."""
     k = ids_RK.shape[-1]
-    word = _WORDS[k]
-    words = ids_RK.reshape(-1, k).contiguous().numpy().view(word).reshape(-1)
-    R = words.size
-    out_of_range, repeated, nonzero = (np.empty(R, dtype=bool) for _ in range(3))
+    words = ids_RK.reshape(-1, k).contiguous().numpy().view(_WORDS[k]).reshape(-1)
+    flags = np.empty((3, words.size), dtype=bool)
+    over_ranges(words.size, CHUNK, lambda a, b: _scan(words[a:b], num_experts, flags[:, a:b]))
+    return tuple(torch.from_numpy(f) for f in flags)
+
+
+def _scan(words: np.ndarray, num_experts: int, flags_3R: np.ndarray) -> None:
+    """Fill ``flags_3R`` (out of range, repeated, non-zero) for ``words``, a chunk at a time."""
+    word = words.dtype.type
     ones, high = _every_byte(word, 0x01), _every_byte(word, 0x80)
-    bits = 8 * k
-    y, t, acc = (np.empty(min(R, CHUNK), dtype=word) for _ in range(3))
-    for a in range(0, R, CHUNK):
+    bits = 8 * words.itemsize
+    y, t, acc = (np.empty(min(words.size, CHUNK), dtype=word) for _ in range(3))
+    for a in range(0, words.size, CHUNK):
         w = words[a : a + CHUNK]
         n = w.size
-        yn, tn, an = y[:n], t[:n], acc[:n]
-        an.fill(0)
-        for d in range(8, bits // 2 + 1, 8):  # rotate by d bits, XOR, flag zero bytes
+        yn, tn, an, bytes_an = y[:n], t[:n], acc[:n], acc[:n].view(np.uint8)
+        bytes_an.fill(0xFF)
+        for d in range(8, bits // 2 + 1, 8):  # rotate by d bits, XOR: a zero byte is a repeat
             np.right_shift(w, word(d), out=yn)
             np.left_shift(w, word(bits - d), out=tn)
             np.bitwise_or(yn, tn, out=yn)
             np.bitwise_xor(yn, w, out=yn)
-            np.subtract(yn, ones, out=tn)
-            np.bitwise_not(yn, out=yn)
-            np.bitwise_and(yn, tn, out=yn)
-            np.bitwise_or(an, yn, out=an)
+            np.minimum(bytes_an, yn.view(np.uint8), out=bytes_an)
+        np.subtract(an, ones, out=tn)  # the zero-byte test, once on the bytewise minimum
+        np.bitwise_not(an, out=an)
+        np.bitwise_and(an, tn, out=an)
         np.bitwise_and(an, high, out=an)
-        np.not_equal(an, 0, out=repeated[a : a + n])
-        np.not_equal(_high_bytes(w, num_experts, tn), 0, out=out_of_range[a : a + n])
-        np.not_equal(w, 0, out=nonzero[a : a + n])
-    return tuple(torch.from_numpy(f) for f in (out_of_range, repeated, nonzero))
+        np.not_equal(an, 0, out=flags_3R[1, a : a + n])
+        np.not_equal(_high_bytes(w, num_experts, tn), 0, out=flags_3R[0, a : a + n])
+        np.not_equal(w, 0, out=flags_3R[2, a : a + n])

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from rr_core._axis import LAYER_AXES, LayerAxis
@@ -28,6 +29,14 @@ from rr_core._validate import (
 from rr_core._validate_ids import check_ids
 
 PaddingSide = Literal["left", "right"]
+
+
+def cat_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)``; on the CPU through numpy, which concatenates byte ids about ten
+    times faster than torch 2.13 does."""
+    if all(p.device.type == "cpu" and not p.requires_grad for p in parts):
+        return torch.from_numpy(np.concatenate([p.numpy() for p in parts]))
+    return torch.cat(list(parts))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,7 +182,7 @@ class RouteBatch:
                 )
             parts.append(t)
         dtype = narrowest_dtype(meta.num_experts)
-        values = torch.cat(parts) if parts else torch.zeros(0, L, K, dtype=dtype)
+        values = cat_rows(parts) if parts else torch.zeros(0, L, K, dtype=dtype)
         lengths = [p.shape[0] for p in parts]
         offsets = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0)
         valid_N = None
@@ -188,7 +197,7 @@ class RouteBatch:
                     raise RouteValidationError(
                         f"valid[{i}] has shape {tuple(m.shape)}; sequence {i} has {n} rows"
                     )
-            valid_N = torch.cat(masks).to(values.device) if masks else None
+            valid_N = cat_rows(masks).to(values.device) if masks else None
         return cls(values, offsets, valid_N, meta, validate=validate, allow_all_zero=allow_all_zero)
 
     @classmethod

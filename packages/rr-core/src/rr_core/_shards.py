@@ -22,7 +22,7 @@ from rr_core._atomic import atomic_write
 from rr_core._codecs import DEFAULT_CODEC, decode_routes
 from rr_core._errors import RecordFileError, RRError
 from rr_core._records import PathLike, SampleId, read_header, read_record, save_routes
-from rr_core._routes import RouteBatch
+from rr_core._routes import RouteBatch, cat_rows
 
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "rr-routes-index"
@@ -163,9 +163,9 @@ def concat_batches(batches: Sequence[RouteBatch]) -> RouteBatch:
         b.offsets_B1[1:] + e for b, e in zip(batches, ends, strict=True)
     ]
     return RouteBatch._trusted(
-        torch.cat([b.values_NLK for b in batches]),
+        cat_rows([b.values_NLK for b in batches]),
         torch.cat(offsets),
-        torch.cat([b.valid_N for b in batches]),
+        cat_rows([b.valid_N for b in batches]),
         meta,
     )
 
