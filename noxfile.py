@@ -184,7 +184,7 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
             "codec_speed_vs_memcpy": f"{codecs['tokens']} tokens of that shape vs a copy",
             "vllm_assembly_vs_memcpy": (
                 f"{vllm_run['samples']} samples x {vllm_run['tokens_per_sample']} tokens, "
-                "48 layers, top-8, uint8: decode + validate + batch vs a copy"
+                "48 layers, top-8, uint8: decode_vllm_batch (decode, validate, batch) vs a copy"
             ),
         },
         "runs": runs,

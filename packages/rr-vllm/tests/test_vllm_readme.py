@@ -18,3 +18,4 @@ def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "5 [True, True, True, True, False]" in out
     assert "96000000 {'max_tokens': 2048, 'routed_experts_prompt_start': 0}" in out
+    assert "[4] [True, True, True, False]" in out

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rr_vllm._assemble import to_trainer_layout as to_trainer_layout
     from rr_vllm._assemble import truncate_response as truncate_response
     from rr_vllm._assemble import truncate_sample as truncate_sample
+    from rr_vllm._batch import decode_vllm_batch as decode_vllm_batch
     from rr_vllm._capture import ModelGeometry as ModelGeometry
     from rr_vllm._capture import max_new_tokens as max_new_tokens
     from rr_vllm._capture import sglang_request_fields as sglang_request_fields
@@ -64,6 +65,7 @@ _LAZY: dict[str, str] = {
     "decode_routes_array": "rr_vllm._decode",
     "decode_sglang": "rr_vllm._wire",
     "decode_vllm_http": "rr_vllm._wire",
+    "decode_vllm_batch": "rr_vllm._batch",
     "decode_vllm_output": "rr_vllm._decode",
     "explain_store_errors": "rr_vllm._store",
     "flatten_completions": "rr_vllm._assemble",
@@ -98,6 +100,7 @@ __all__ = [
     "assemble_resumed",
     "decode_routes_array",
     "decode_sglang",
+    "decode_vllm_batch",
     "decode_vllm_http",
     "decode_vllm_output",
     "explain_store_errors",

@@ -97,8 +97,10 @@ def place_rows(
     prompt_start: int,
     finish_reason: str | None,
     what: str,
+    out: tuple[IntArray, BoolArray] | None = None,
 ) -> SampleRoutes:
-    """Lay consecutive row blocks out at their token positions (the one copy)."""
+    """Lay consecutive row blocks out at their token positions (the one copy), into fresh arrays
+    or into ``out`` (zeroed ``[T, L, K]`` routes of the blocks' dtype and ``[T]`` validity)."""
     L, K = len(meta.layer_numbers), meta.top_k
     slots = list(meta.moe_slots)
     width = len(slots) if moe_only else L
@@ -112,8 +114,9 @@ def place_rows(
     n = sum(b.shape[0] for b in blocks)
     check_row_count(n, num_tokens, prompt_start)
     dtype = np.result_type(*blocks) if blocks else _compact_dtype(meta.num_experts)
-    routes_TLK = np.zeros((num_tokens, L, K), dtype=dtype)
-    valid_T = np.zeros(num_tokens, dtype=bool)
+    if out is None:
+        out = np.zeros((num_tokens, L, K), dtype=dtype), np.zeros(num_tokens, dtype=bool)
+    routes_TLK, valid_T = out
     row = prompt_start
     for b in blocks:
         rows = slice(row, row + b.shape[0])
@@ -151,10 +154,11 @@ def decode_routes_array(
     finish_reason: str | None = None,
     on_abort: AbortPolicy = "mask",
     what: str = "routes",
+    out: tuple[IntArray, BoolArray] | None = None,
 ) -> SampleRoutes | None:
     """One all-layers ``[N, L, K]`` array (or None) of a sample with P prompt and G generated
     tokens. An aborted sample (``finish_reason == "abort"``) is masked (every row invalid) or
-    dropped (None); otherwise None routes raise (D3)."""
+    dropped (None); otherwise None routes raise (D3). ``out``: see :func:`place_rows`."""
     check_policy(on_abort)
     p, t = num_prompt_tokens, num_prompt_tokens + num_generated_tokens
     if is_aborted(finish_reason):
@@ -170,6 +174,7 @@ def decode_routes_array(
         prompt_start=prompt_start,
         finish_reason=finish_reason,
         what=what,
+        out=out,
     )
 
 

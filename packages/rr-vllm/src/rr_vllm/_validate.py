@@ -73,6 +73,13 @@ def check_logical(
         )
 
 
+def check_all_layers(meta: RouteMeta) -> None:
+    if meta.layer_axis != "all_layers":
+        raise RouteValidationError(
+            f"engine routes are on the all_layers axis; got meta.layer_axis={meta.layer_axis!r}"
+        )
+
+
 def validate_samples(
     samples: Sequence[SampleRoutes | None],
     meta: RouteMeta,
@@ -87,10 +94,7 @@ def validate_samples(
     ``[0, E)`` or ``[0, logical_experts)`` (E2, unless ``allow_physical``), repeated ids, non-zero
     dense slots, or a MoE slot that is zero on a whole sequence (E1, unless ``allow_all_zero``).
     """
-    if meta.layer_axis != "all_layers":
-        raise RouteValidationError(
-            f"engine routes are on the all_layers axis; got meta.layer_axis={meta.layer_axis!r}"
-        )
+    check_all_layers(meta)
     present: list[SampleRoutes] = []
     for i, s in enumerate(samples):
         if s is None:

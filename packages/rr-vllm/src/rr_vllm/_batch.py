@@ -1,0 +1,106 @@
+"""A whole rollout batch of vLLM outputs straight into one validated route batch.
+
+Shape legend: N rows of the batch (every token of every completion), L layer slots, K top-k.
+
+:func:`decode_vllm_output` places each completion in arrays of its own, which
+:func:`~rr_vllm.validate_samples` then concatenates: two copies, and the first lands in many
+small fresh arrays, each page of which the kernel faults in separately. Here every completion's
+rows are copied once, into their place in a single batch buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rr_core import RouteBatch, RouteMeta
+from rr_vllm._decode import _compact_dtype, decode_routes_array, decode_vllm_output
+from rr_vllm._validate import check_all_layers, check_logical, is_aborted, validate_samples
+
+
+def _direct(request_outputs: Sequence[Any], dtype: np.dtype[Any]) -> bool:
+    """Whether every completion's rows can be copied into the batch as they are: one array per
+    completion (not vLLM 0.21's split arrays) already in the batch's dtype (narrowing waits for
+    rr_core's range check)."""
+    for r in request_outputs:
+        if hasattr(r, "prompt_routed_experts"):
+            return False
+        for c in r.outputs:
+            rows = c.routed_experts
+            if not is_aborted(c.finish_reason) and getattr(rows, "dtype", None) != dtype:
+                return False
+    return True
+
+
+def decode_vllm_batch(
+    request_outputs: Sequence[Any],
+    meta: RouteMeta,
+    *,
+    prompt_start: int = 0,
+    allow_all_zero: bool = False,
+    allow_physical: bool = False,
+    logical_experts: int | None = None,
+) -> RouteBatch:
+    """Every completion of every vLLM ``RequestOutput`` (request-major, as
+    :func:`~rr_vllm.flatten_completions` orders them) as one validated all-layers
+    :class:`~rr_core.RouteBatch`, with aborted requests masked.
+
+    The same result and errors as ``validate_samples(flatten_completions(decode_vllm_output(r,
+    meta, prompt_start=...) for r in request_outputs), meta, ...)``; when the engine's arrays are
+    already in the batch's dtype (vLLM 0.22+ returns uint8 up to 256 experts) each is copied
+    once, straight into the batch.
+    """
+    check_all_layers(meta)
+    dtype = _compact_dtype(meta.num_experts)
+    if not _direct(request_outputs, dtype):
+        samples = [
+            s
+            for r in request_outputs
+            for s in decode_vllm_output(r, meta, prompt_start=prompt_start)
+        ]
+        return validate_samples(
+            samples,
+            meta,
+            allow_all_zero=allow_all_zero,
+            allow_physical=allow_physical,
+            logical_experts=logical_experts,
+        )
+    prompts = [len(r.prompt_token_ids or ()) for r in request_outputs]
+    lengths = [
+        p + len(c.token_ids)
+        for r, p in zip(request_outputs, prompts, strict=True)
+        for c in r.outputs
+    ]
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    L, K = len(meta.layer_numbers), meta.top_k
+    values_NLK = np.zeros((int(offsets[-1]), L, K), dtype=dtype)
+    valid_N = np.zeros(int(offsets[-1]), dtype=bool)
+    i = 0
+    for r, p in zip(request_outputs, prompts, strict=True):
+        for c in r.outputs:
+            rows = slice(int(offsets[i]), int(offsets[i + 1]))
+            sample = decode_routes_array(
+                c.routed_experts,
+                meta,
+                num_prompt_tokens=p,
+                num_generated_tokens=len(c.token_ids),
+                prompt_start=prompt_start,
+                finish_reason=c.finish_reason,
+                what=f"request {getattr(r, 'request_id', '?')}, completion {c.index}",
+                out=(values_NLK[rows], valid_N[rows]),
+            )
+            if logical_experts is not None and not allow_physical and sample is not None:
+                check_logical(
+                    sample.routes_TLK, sample.valid_T, meta, logical_experts, where=f"sample {i}"
+                )
+            i += 1
+    return RouteBatch(
+        torch.from_numpy(values_NLK),
+        torch.from_numpy(offsets),
+        torch.from_numpy(valid_N),
+        meta,
+        allow_all_zero=allow_all_zero,
+    )

@@ -1,0 +1,127 @@
+"""decode_vllm_batch gives what decoding each output and validate_samples give: the same batch,
+or the same error, for every era, fault and prompt_start, on its one-copy path and off it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rr_core import RouteBatch, RouteMeta
+from rr_fakes.engines import Faults, VllmEra, vllm_request_output
+from rr_vllm import decode_vllm_batch, decode_vllm_output, validate_samples
+from rr_vllm._batch import _direct
+from rr_vllm._decode import _compact_dtype
+
+L, K = 4, 2
+
+
+def make_meta(num_experts: int, dense: tuple[int, ...] = ()) -> RouteMeta:
+    return RouteMeta(
+        num_experts=num_experts,
+        top_k=K,
+        layer_axis="all_layers",
+        layer_numbers=tuple(range(1, L + 1)),
+        moe_layer_numbers=tuple(n for n in range(1, L + 1) if n not in dense),
+    )
+
+
+def outputs(
+    era: VllmEra, meta: RouteMeta, *, prompt_start: int = 0, faults: dict[int, Faults] | None = None
+) -> list[Any]:
+    """Five requests of different lengths; ``faults`` by request index."""
+    rng = np.random.default_rng(len(meta.moe_slots) + meta.num_experts)
+    out = []
+    for i, (p, g) in enumerate([(5, 4), (3, 1), (7, 6), (4, 9), (6, 2)]):
+        ids = np.argsort(rng.random((p + g - 1, L, meta.num_experts)), axis=-1)[..., :K]
+        ids[:, list(meta.dense_slots)] = 0
+        out.append(
+            vllm_request_output(
+                era,
+                prompt_ids=list(range(100, 100 + p)),
+                generated_ids=list(range(200, 200 + g)),
+                routes_TLK=ids,
+                num_experts=meta.num_experts,
+                moe_layer_numbers=meta.moe_layer_numbers,
+                prompt_start=min(prompt_start, p) if era.has_prompt_start else 0,
+                request_id=str(i),
+                faults=(faults or {}).get(i, Faults()),
+                use_real_vllm=False,
+            )
+        )
+    return out
+
+
+def reference(request_outputs: list[Any], meta: RouteMeta, **kw: Any) -> RouteBatch:
+    ps = kw.pop("prompt_start", 0)
+    samples = [s for r in request_outputs for s in decode_vllm_output(r, meta, prompt_start=ps)]
+    return validate_samples(samples, meta, **kw)
+
+
+def same_outcome(call: Callable[[], RouteBatch], ref: Callable[[], RouteBatch]) -> None:
+    try:
+        expected: RouteBatch | Exception = ref()
+    except Exception as e:  # the same type and message, whatever it is
+        expected = e
+    if isinstance(expected, Exception):
+        with pytest.raises(type(expected)) as got:
+            call()
+        assert str(got.value) == str(expected)
+        return
+    assert call().equal(expected)
+
+
+@pytest.mark.parametrize("era", list(VllmEra))
+@pytest.mark.parametrize("num_experts", [8, 300])
+@pytest.mark.parametrize("prompt_start", [0, 2])
+def test_clean_batches_match(era: VllmEra, num_experts: int, prompt_start: int) -> None:
+    meta = make_meta(num_experts, dense=(1,))
+    outs = outputs(era, meta, prompt_start=prompt_start)
+    direct = era.has_prompt_start and num_experts <= 256  # 0.22+ returns uint8 up to 256
+    assert _direct(outs, _compact_dtype(num_experts)) == direct
+    same_outcome(
+        lambda: decode_vllm_batch(outs, meta, prompt_start=prompt_start),
+        lambda: reference(outs, meta, prompt_start=prompt_start),
+    )
+
+
+FAULTS = {
+    "all_zero": Faults(all_zero=True),
+    "physical": Faults(physical_map=np.arange(8)[::-1] + 2),
+    "draft_layer0": Faults(draft_layer0=3),
+    "aborted": Faults(abort_after_rows=2),
+    "missing": Faults(missing=True),
+    "read_only": Faults(read_only=True),
+}
+
+
+@pytest.mark.parametrize("era", [VllmEra.V0_14, VllmEra.V0_22, VllmEra.V0_32])
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("where", [0, 3])
+def test_faulty_batches_give_the_same_error_or_batch(era: VllmEra, fault: str, where: int) -> None:
+    meta = make_meta(8)
+    outs = outputs(era, meta, faults={where: FAULTS[fault]})
+    same_outcome(lambda: decode_vllm_batch(outs, meta), lambda: reference(outs, meta))
+    kw = {"allow_all_zero": True, "logical_experts": 8}
+    same_outcome(lambda: decode_vllm_batch(outs, meta, **kw), lambda: reference(outs, meta, **kw))
+
+
+def test_aborted_rows_are_invalid_and_the_rest_is_in_place() -> None:
+    meta = make_meta(8)
+    outs = outputs(VllmEra.V0_22, meta, faults={1: FAULTS["aborted"]})
+    batch = decode_vllm_batch(outs, meta)
+    lengths = batch.lengths.tolist()
+    assert lengths == [9, 4, 13, 13, 8]
+    first, second = batch.offsets_B1[1:3].tolist()
+    assert not batch.valid_N[first:second].any()  # the aborted request: masked, not dropped
+    rows = outs[2].outputs[0].routed_experts
+    start = batch.offsets_B1[2].item()
+    assert np.array_equal(batch.values_NLK[start : start + len(rows)].numpy(), rows)
+
+
+def test_moe_layers_meta_is_refused() -> None:
+    meta = RouteMeta(num_experts=8, top_k=K, layer_axis="moe_layers", layer_numbers=(1, 2, 3, 4))
+    with pytest.raises(Exception, match="all_layers"):
+        decode_vllm_batch([], meta)
