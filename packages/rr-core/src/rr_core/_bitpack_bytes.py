@@ -21,6 +21,7 @@ import functools
 import numpy as np
 import torch
 
+from rr_core._alloc import empty
 from rr_core._bitpack import pack_bits, stream_bytes, unpack_bits
 
 BLOCK = 1 << 15  # words per block: the temporaries stay in cache
@@ -51,7 +52,7 @@ def pack_byte_ids(ids_n: torch.Tensor, width: int) -> torch.Tensor:
     """The stream (uint8 ``[P]``) of uint8 ids ``[n]`` below ``2**width``, ``1 <= width <= 7``."""
     n, dev = ids_n.numel(), ids_n.device
     G, w = n // 8, width
-    out = torch.empty(G * w + stream_bytes(n - 8 * G, w) + 8, dtype=torch.uint8, device=dev)
+    out = empty(G * w + stream_bytes(n - 8 * G, w) + 8, torch.uint8, dev)
     if G:
         words = ids_n[: 8 * G].contiguous()
         if dev.type == "cpu" and _numpy_path_exact(w):
@@ -73,7 +74,7 @@ def unpack_byte_ids(stream_P: torch.Tensor, count: int, width: int) -> torch.Ten
             f"a stream of {count} {w}-bit fields has {need} bytes, not {stream_P.numel()}"
         )
     G = count // 8
-    out = torch.empty(count, dtype=torch.uint8, device=dev)
+    out = empty(count, torch.uint8, dev)
     fast = 0
     if dev.type == "cpu" and need >= 8:  # words that end inside the stream
         fast = min(G, (need - 8) // w + 1)
