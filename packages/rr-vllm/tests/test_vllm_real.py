@@ -21,6 +21,7 @@ from rr_fakes.engines import VllmEra, vllm_http_response, vllm_request_output  #
 from rr_vllm import (  # noqa: E402
     ModelGeometry,
     RouteStoreEvictedError,
+    decode_vllm_batch,
     decode_vllm_http,
     decode_vllm_output,
     explain_store_errors,
@@ -75,7 +76,9 @@ def test_real_classes_decode(era: VllmEra) -> None:
     (s,) = decode_vllm_output(out, META)
     assert s is not None
     np.testing.assert_array_equal(s.routes_TLK[:-1], rows)
-    validate_samples([s], META)
+    batch = validate_samples([s], META)
+    assert decode_vllm_batch([out, out], META).equal(validate_samples([s, s], META))
+    assert batch.num_tokens == P + G
 
 
 def test_request_output_add_keeps_the_terminal_routes() -> None:
