@@ -48,10 +48,10 @@ def decode_vllm_batch(
     :func:`~rr_vllm.flatten_completions` orders them) as one validated all-layers
     :class:`~rr_core.RouteBatch`, with aborted requests masked.
 
-    The same result and errors as ``validate_samples(flatten_completions(decode_vllm_output(r,
-    meta, prompt_start=...) for r in request_outputs), meta, ...)``; when the engine's arrays are
-    already in the batch's dtype (vLLM 0.22+ returns uint8 up to 256 experts) each is copied
-    once, straight into the batch.
+    The same result and errors as ``validate_samples(flatten_completions([decode_vllm_output(r,
+    meta, prompt_start=...) for r in request_outputs]), meta, ...)``; when the engine's arrays
+    are already in the batch's dtype (vLLM 0.22+ returns uint8 up to 256 experts) each is
+    copied once, straight into the batch.
     """
     check_all_layers(meta)
     dtype = _compact_dtype(meta.num_experts)
