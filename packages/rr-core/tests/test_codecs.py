@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -271,7 +271,9 @@ def test_packed_cpu_encoding_falls_back_to_the_reference_layout(
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("E", [8, 60, 128, 160, 256])
-def test_fast_set_path_matches_the_general_one(E: int, threads: int, torch_threads: Any) -> None:
+def test_fast_set_path_matches_the_general_one(
+    E: int, threads: int, torch_threads: Callable[[int], None]
+) -> None:
     from rr_core._codec_set import unrank_single
     from rr_core._codec_set_fast import BLOCK as SET_BLOCK
     from rr_core._codec_set_fast import fast_shape, rank_fast, unrank_fast
@@ -295,6 +297,34 @@ def test_fast_set_path_matches_the_general_one(E: int, threads: int, torch_threa
     corrupt = ranks.clone()
     corrupt[2 * SET_BLOCK + 2] = math.comb(E, 8)  # no such set, in the last range
     assert unrank_fast(corrupt, E) is None
+
+
+@pytest.mark.parametrize("E", [128, 256])
+def test_threaded_set_encoding_writes_the_reference_stream(
+    E: int, torch_threads: Callable[[int], None]
+) -> None:
+    """Two threads pack their ranges in any order; each range's last block carries the low
+    bits of the next range's first rank, so the stream is the serial one bit for bit."""
+    from rr_core._bitpack_words import WordPacker
+    from rr_core._codec_set_fast import BLOCK as SET_BLOCK
+    from rr_core._codec_set_fast import rank_fast
+
+    rng = np.random.default_rng(E)
+    R = 3 * SET_BLOCK + 13
+    ids_RK = torch.from_numpy(np.argsort(rng.random((R, E)), axis=1)[:, :8].astype(np.uint8))
+    width = set_width(E, 8)
+    reference = pack_fields(rank_sets(ids_RK, E, single_out=True), width)
+    for threads in (1, 2, 3):
+        torch_threads(threads)
+        packer = WordPacker(R, width)
+        assert rank_fast(ids_RK, E, packer.put) is not None
+        assert torch.equal(packer.stream(), reference), threads
+    ranks = rank_sets(ids_RK, E, single_out=True).numpy().view(np.uint64)
+    packer = WordPacker(R, width)
+    for first in reversed(range(0, R, 1000)):  # the worst order, deterministically
+        nxt = int(ranks[first + 1000]) if first + 1000 < R else 0
+        packer.put(first, ranks[first : first + 1000], nxt)
+    assert torch.equal(packer.stream(), reference)
 
 
 def test_set_codec_falls_back_when_casts_drop_low_bytes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ column copy per position in a group.
 from __future__ import annotations
 
 import sys
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -53,10 +54,12 @@ def _shifts(width: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 class WordPacker:
-    """Writes the stream of ``count`` fields block by block, in ascending order.
+    """Writes the stream of ``count`` fields block by block.
 
-    A block's last word takes field ``i + 1`` as zero; the next block's first word (field
-    ``i + 1``, at bit 0 of its byte) rewrites those bytes, so blocks must come in order.
+    A block's last word holds the low bits of the field after it: ``following``, or zero, which
+    the next block's first word (at bit 0 of its byte) then rewrites. Blocks given their
+    ``following`` field may be written in any order and from several threads (each thread has
+    its own scratch; overlapping words carry the same bytes); the others must come in order.
     """
 
     def __init__(self, count: int, width: int, block: int = 8 * BLOCK) -> None:
@@ -65,20 +68,24 @@ class WordPacker:
         self.buf = np.empty(G * width + 8, dtype=np.uint8)  # the last word spills 8 bytes on
         self.words = _words(self.buf, G, width)
         self.shifts = _shifts(width, self.block // 8)
-        self.acc = np.empty(self.block, dtype=_U64)
-        self.tmp = np.empty(self.block, dtype=_U64)
+        self._scratch = threading.local()
 
-    def put(self, first: int, fields: np.ndarray) -> None:
+    def put(self, first: int, fields: np.ndarray, following: int = 0) -> None:
         """Fields ``[first, first + len)`` (uint64, ``first`` a multiple of 8; only the last
-        block may end off a group)."""
+        block may end off a group), then field ``first + len`` is ``following``."""
         for a in range(0, fields.size, self.block):
-            self._put(first + a, fields[a : a + self.block])
+            last = a + self.block >= fields.size
+            nxt = following if last else int(fields[a + self.block])
+            self._put(first + a, fields[a : a + self.block], nxt)
 
-    def _put(self, first: int, fields: np.ndarray) -> None:
+    def _put(self, first: int, fields: np.ndarray, following: int) -> None:
         s_X, down_X, up_X = self.shifts
+        if not hasattr(self._scratch, "acc"):
+            self._scratch.acc = np.empty(self.block, dtype=_U64)
+            self._scratch.tmp = np.empty(self.block, dtype=_U64)
         m = fields.size
         n = -(-m // 8)
-        x, t = self.acc[: 8 * n], self.tmp[: 8 * n]
+        x, t = self._scratch.acc[: 8 * n], self._scratch.tmp[: 8 * n]
         np.left_shift(fields, s_X[:m], out=x[:m])
         x[m:] = 0
         k = min(m + 1, 8 * n)  # the top bits of field i - 1 (none at i = 0 of a group: s = 0)
@@ -86,6 +93,8 @@ class WordPacker:
         x[1:k] |= t[1:k]
         np.left_shift(fields[1:], up_X[: m - 1], out=t[: m - 1])  # the low bits of field i + 1
         x[: m - 1] |= t[: m - 1]
+        if following and m % 8 == 0:  # the last word reaches into the next group's first field
+            x[m - 1] |= np.left_shift(_U64(following), up_X[m - 1])
         a, x_B8 = first // 8, x.reshape(n, 8)
         if len(self.words) == 1:
             np.copyto(self.words[0][a : a + n], x_B8)

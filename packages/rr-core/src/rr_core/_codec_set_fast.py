@@ -31,7 +31,8 @@ import torch
 from rr_core._codec_set import _greedy_cpu
 from rr_core._threads import over_ranges
 
-Put = Callable[[int, np.ndarray], object]  # (first row, a block of int64 ranks viewed as uint64)
+Put = Callable[[int, np.ndarray, int], object]  # (first row, int64 ranks as uint64, next rank)
+Get = Callable[[int, np.ndarray], object]  # (first row, an int64 block to fill, as uint64)
 BLOCK = 1 << 16
 TOP_K = 8
 LAST_TABLE = 1 << 20  # entries of the table of the last three ids (int32)
@@ -104,13 +105,24 @@ def rank_fast(
     ids_RK: torch.Tensor, num_experts: int, put: Put | None = None
 ) -> torch.Tensor | None:
     """Ranks int64 ``[R]`` of uint8 id rows ``[R, 8]``, or None if a row repeats an id. With
-    ``put``, each block's ranks go to ``put(first row, ranks)`` while in cache instead (the
-    return value then only tells success)."""
+    ``put``, each block's ranks go to ``put(first row, ranks, rank of the next row or 0)``
+    while in cache instead (the return value then only tells success). Ranges of blocks go to
+    parallel threads, so ``put`` must take blocks in any order from any thread."""
     R = ids_RK.shape[0]
-    shift, tables = _pair_tables(num_experts)
     src = ids_RK.contiguous().numpy()
-    B = min(BLOCK, R)
-    out = np.empty(R if put is None else B, dtype=np.int64)
+    out = np.empty(R if put is None else 0, dtype=np.int64)
+    done = over_ranges(R, BLOCK, lambda a, b: _rank_range(src, a, b, num_experts, out, put))
+    return torch.from_numpy(out) if all(done) else None
+
+
+def _rank_range(
+    src_RK: np.ndarray, start: int, stop: int, num_experts: int, out: np.ndarray, put: Put | None
+) -> bool:
+    """Rows ``[start, stop)`` of :func:`rank_fast`; False on a repeated id. The last block also
+    ranks row ``stop`` (when there is one), the ``following`` field of its ``put``."""
+    shift, tables = _pair_tables(num_experts)
+    B = min(BLOCK, max(1, stop - start)) + 1
+    acc_B = np.empty(B, dtype=np.int64)
     cols = [np.empty(B, dtype=np.uint8) for _ in range(TOP_K + 1)]
     cols_KB = np.empty((TOP_K, B), dtype=np.uint8)
     idx = np.empty(B, dtype=np.int32)
@@ -118,32 +130,33 @@ def rank_fast(
     same = np.empty(B, dtype=bool)
     t_idx, t_part = torch.from_numpy(idx), torch.from_numpy(part)
     t_tables = [torch.from_numpy(t) for t in tables]
-    for a in range(0, R, B):
-        n = min(B, R - a)
-        np.copyto(cols_KB[:, :n], src[a : a + n].T)
-        c = [cols_KB[i, :n] for i in range(TOP_K)]
-        spare = cols[TOP_K][:n]
+    for a in range(start, stop, B - 1):
+        n = min(B - 1, stop - a)
+        extra = int(put is not None and a + n == stop < src_RK.shape[0])  # the next range's row
+        np.copyto(cols_KB[:, : n + extra], src_RK[a : a + n + extra].T)
+        c = [cols_KB[i, : n + extra] for i in range(TOP_K)]
+        spare = cols[TOP_K][: n + extra]
         for i, j in _NETWORK:  # c[i], c[j] <- min, max
             np.minimum(c[i], c[j], out=spare)
             np.maximum(c[i], c[j], out=c[j])
             c[i], spare = spare, c[i]
         for i in (1, 3, 5):  # pairs inside the table flag a repeat themselves
-            if np.equal(c[i], c[i + 1], out=same[:n]).any():
-                return None
-        acc = out[a : a + n] if put is None else out[:n]
+            if np.equal(c[i], c[i + 1], out=same[: n + extra]).any():
+                return False
+        acc = out[a : a + n] if put is None else acc_B[: n + extra]
         t_acc = torch.from_numpy(acc)
         for p in range(TOP_K // 2):
-            np.left_shift(c[2 * p + 1], shift, out=idx[:n], dtype=np.int32)
-            np.bitwise_or(idx[:n], c[2 * p], out=idx[:n])
-            dst = t_acc if p == 0 else t_part[:n]
-            torch.index_select(t_tables[p], 0, t_idx[:n], out=dst)
+            np.left_shift(c[2 * p + 1], shift, out=idx[: n + extra], dtype=np.int32)
+            np.bitwise_or(idx[: n + extra], c[2 * p], out=idx[: n + extra])
+            dst = t_acc if p == 0 else t_part[: n + extra]
+            torch.index_select(t_tables[p], 0, t_idx[: n + extra], out=dst)
             if p:
-                np.add(acc, part[:n], out=acc)
+                np.add(acc, part[: n + extra], out=acc)
         if n and int(acc.max()) >= DUP:
-            return None
+            return False
         if put is not None:
-            put(a, acc.view(np.uint64))
-    return torch.from_numpy(out)
+            put(a, acc[:n].view(np.uint64), int(acc[n]) if extra else 0)
+    return True
 
 
 @lru_cache(maxsize=16)
@@ -183,7 +196,7 @@ def unrank_fast(rank_R: torch.Tensor, num_experts: int) -> torch.Tensor | None:
     )
 
 
-def unrank_from(R: int, num_experts: int, get: Put) -> torch.Tensor | None:
+def unrank_from(R: int, num_experts: int, get: Get) -> torch.Tensor | None:
     """:func:`unrank_fast` of ``R`` ranks that ``get(first row, block)`` writes, a block at a
     time, into an int64 block (viewed as uint64). Ranges of blocks go to parallel threads."""
     out_RK = np.empty((R, TOP_K), dtype=np.uint8)
@@ -191,7 +204,7 @@ def unrank_from(R: int, num_experts: int, get: Put) -> torch.Tensor | None:
     return torch.from_numpy(out_RK) if all(done) else None
 
 
-def _unrank_range(start: int, stop: int, num_experts: int, get: Put, out_RK: np.ndarray) -> bool:
+def _unrank_range(start: int, stop: int, num_experts: int, get: Get, out_RK: np.ndarray) -> bool:
     """Rows ``[start, stop)`` of :func:`unrank_from`; False if a rank is ``>= C(E, 8)``."""
     total = math.comb(num_experts, TOP_K)
     steps = _unrank_tables(num_experts)
