@@ -4,13 +4,27 @@ instead of 100,000, and its first write runs about 1.8x faster."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
+Shape = int | tuple[int, ...]
 
-def empty(shape: int | tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def empty(shape: Shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype, device=device)``, through numpy on the CPU."""
     if device.type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
-    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-    return torch.from_numpy(np.empty(shape, dtype=np_dtype))
+    return torch.from_numpy(np.empty(shape, dtype=_numpy_dtype(dtype)))
+
+
+def zeros(shape: Shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.zeros(shape, dtype=dtype, device=device)``, through numpy on the CPU."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.from_numpy(np.zeros(shape, dtype=_numpy_dtype(dtype)))

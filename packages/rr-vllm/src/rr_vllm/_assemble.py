@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rr_core import AlignmentError, RouteBatch, narrowest_dtype
+from rr_core._alloc import zeros
 from rr_vllm._decode import SampleRoutes
 
 
@@ -116,14 +117,6 @@ def flatten_completions(
     return [s for completions in per_request for s in completions]
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``torch.zeros``; on the CPU from numpy, which asks for transparent huge pages: a fresh
-    800 MB layout then costs far fewer page faults."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    return torch.from_numpy(np.zeros(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
-
-
 class TrainerLayout(NamedTuple):
     """``[B, S, L, K]`` routes with a left-padded prompt and a right-padded response;
     ``valid_BS`` marks rows to replay, ``token_mask_BS`` real tokens (``RouteBatch.from_padded``
@@ -164,7 +157,7 @@ def to_trainer_layout(
             f"{dtype} cannot hold ids up to {batch.meta.num_experts - 1}; use "
             f"{narrowest_dtype(batch.meta.num_experts)} or wider"
         )
-    routes = _zeros((B * S, L, K), dtype, dev)
+    routes = zeros((B * S, L, K), dtype, dev)  # huge pages on the CPU: ~800 MB fresh
     valid = torch.zeros(B * S, dtype=torch.bool, device=dev)
     offsets, starts = batch.offsets_B1.tolist(), (prompt_length - p_B).tolist()
     for b, (first, end) in enumerate(itertools.pairwise(offsets)):  # one slice copy per sample
