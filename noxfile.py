@@ -42,23 +42,25 @@ MEGATRON_TESTS = [
 VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
 
 
-def drops_venv(body: Callable[..., None]) -> Callable[..., None]:
-    """With RR_NOX_DROP_VENVS=1 (CI), delete the session's venv once it ends, pass or fail.
+def session(**kwargs: Any) -> Callable[[Callable[..., None]], object]:
+    """``nox.session(**kwargs)`` for a session that, with RR_NOX_DROP_VENVS=1 (CI), deletes its
+    venv once it ends, pass or fail. Each venv holds its own ~1 GB torch; fifteen of them at
+    once filled a CI disk."""
 
-    Each venv holds its own ~1 GB torch; fifteen of them at once filled a CI disk.
-    """
+    def decorate(body: Callable[..., None]) -> object:
+        @functools.wraps(body)  # keeps nox.parametrize's marks and the signature
+        def run(session: nox.Session, **params: Any) -> None:
+            try:
+                body(session, **params)
+            finally:
+                location = getattr(session.virtualenv, "location", None)
+                if os.environ.get("RR_NOX_DROP_VENVS") == "1" and location:
+                    session.log(f"dropping {location}")
+                    shutil.rmtree(location, ignore_errors=True)
 
-    @functools.wraps(body)
-    def run(session: nox.Session, **params: Any) -> None:
-        try:
-            body(session, **params)
-        finally:
-            location = getattr(session.virtualenv, "location", None)
-            if os.environ.get("RR_NOX_DROP_VENVS") == "1" and location:
-                session.log(f"dropping {location}")
-                shutil.rmtree(location, ignore_errors=True)
+        return nox.session(**kwargs)(run)
 
-    return run
+    return decorate
 
 
 def install_with_torch(session: nox.Session, *args: str) -> None:
@@ -79,8 +81,7 @@ def report_versions(session: nox.Session) -> None:
     session.run("rr", "doctor", success_codes=[0, 1])
 
 
-@nox.session(python="3.11")
-@drops_venv
+@session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff check and format, mypy (strict on rr_core), import-linter layer contracts."""
     install_with_torch(session, "ruff", "mypy", "import-linter", *editable(*ALL_PACKAGES))
@@ -92,8 +93,7 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports")
 
 
-@nox.session(python="3.11")
-@drops_venv
+@session(python="3.11")
 def core(session: nox.Session) -> None:
     """rr-core, rr-fakes, rr-vllm and rr-npu tests (pytest-xdist), torch only: no megatron."""
     install_with_torch(
@@ -107,8 +107,7 @@ def core(session: nox.Session) -> None:
     session.run("pytest", *tests, *args)
 
 
-@nox.session(python="3.11")
-@drops_venv
+@session(python="3.11")
 def vllm(session: nox.Session) -> None:
     """rr-vllm against the real vLLM output, sampling and engine-argument classes (CPU import)."""
     install_with_torch(session, "numpy")
@@ -120,8 +119,7 @@ def vllm(session: nox.Session) -> None:
     session.run("pytest", str(PACKAGES / "rr-vllm" / "tests"), *args)
 
 
-@nox.session(python="3.11", default=False)
-@drops_venv
+@session(python="3.11", default=False)
 def doctor(session: nox.Session) -> None:
     """Install every rr package and run `rr doctor` (what is installed, what is supported)."""
     install_with_torch(session, *editable(*ALL_PACKAGES))
@@ -137,8 +135,7 @@ BENCHMARKS = {
 }
 
 
-@nox.session(python="3.11", default=False)
-@drops_venv
+@session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
     """Every benchmark, one process each, side by side: one table and bench-results.json."""
     release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
@@ -214,9 +211,8 @@ def bench_table(figures: dict[str, Any]) -> str:
     return "\n".join(f"{a:<{width}}  {b:>14}  {c}" for a, b, c in rows)
 
 
-@nox.session(python="3.11")
+@session(python="3.11")
 @nox.parametrize("line", list(MEGATRON_LINES), ids=list(MEGATRON_LINES))
-@drops_venv
 def megatron(session: nox.Session, line: str) -> None:
     """Real megatron-core on CPU, one pinned release per line: harness and compat tests."""
     release, flags, extras = MEGATRON_LINES[line]
@@ -238,9 +234,8 @@ def megatron(session: nox.Session, line: str) -> None:
 DISTRIBUTED_LINES = (next(iter(MEGATRON_LINES)), list(MEGATRON_LINES)[-1])  # oldest, newest
 
 
-@nox.session(python="3.11")
+@session(python="3.11")
 @nox.parametrize("line", list(DISTRIBUTED_LINES), ids=list(DISTRIBUTED_LINES))
-@drops_venv
 def distributed(session: nox.Session, line: str) -> None:
     """Two-process gloo replay: PP=2 1F1B R3 across stages, EP=2 alltoall with duplicate ids,
     PP=2 x VPP=2 interleaved with activation recompute (oldest and newest line)."""
@@ -260,9 +255,8 @@ def distributed(session: nox.Session, line: str) -> None:
 NPU_LINES = ("0.12", "0.16")  # the lines MindSpeed users run
 
 
-@nox.session(python="3.11")
+@session(python="3.11")
 @nox.parametrize("line", list(NPU_LINES), ids=list(NPU_LINES))
-@drops_venv
 def npu(session: nox.Session, line: str) -> None:
     """rr-npu on the emulated Ascend stack (MindSpeed, torch_npu) over real megatron-core."""
     release, flags, extras = MEGATRON_LINES[line]
@@ -275,8 +269,7 @@ def npu(session: nox.Session, line: str) -> None:
     session.run("pytest", str(PACKAGES / "rr-npu" / "tests"), *args)
 
 
-@nox.session(python="3.11", default=False)
-@drops_venv
+@session(python="3.11", default=False)
 def demo(session: nox.Session) -> None:
     """The main job on CPU: roll out, capture as vLLM returns it, replay in real Megatron."""
     release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]  # the newest line
