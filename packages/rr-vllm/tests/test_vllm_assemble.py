@@ -29,23 +29,14 @@ from rr_vllm import (
     truncate_sample,
     validate_samples,
 )
+from vllm_testing import distinct_routes, make_meta
 
 L, K = 4, 2
-META = RouteMeta(
-    num_experts=8,
-    top_k=K,
-    layer_axis="all_layers",
-    layer_numbers=(1, 2, 3, 4),
-    moe_layer_numbers=(2, 3, 4),
-)
+META = make_meta(dense=(1,))
 
 
 def routes(rows: int, seed: int = 0, meta: RouteMeta = META) -> np.ndarray:
-    """``[rows, L, K]`` int64 with K distinct ids per MoE slot, zeros on dense slots."""
-    rng = np.random.default_rng(seed)
-    ids = np.argsort(rng.random((rows, L, meta.num_experts)), axis=-1)[..., :K]
-    ids[:, list(meta.dense_slots)] = 0
-    return ids.astype(np.int64)
+    return distinct_routes(meta, rows, seed)
 
 
 def request(era: VllmEra, prompt: int, generated: int, rows: np.ndarray, **kw: Any) -> Any:

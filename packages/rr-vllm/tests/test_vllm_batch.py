@@ -14,29 +14,18 @@ from rr_fakes.engines import Faults, VllmEra, vllm_request_output
 from rr_vllm import decode_vllm_batch, decode_vllm_output, validate_samples
 from rr_vllm._batch import _direct
 from rr_vllm._decode import _compact_dtype
+from vllm_testing import distinct_routes, make_meta
 
-L, K = 4, 2
-
-
-def make_meta(num_experts: int, dense: tuple[int, ...] = ()) -> RouteMeta:
-    return RouteMeta(
-        num_experts=num_experts,
-        top_k=K,
-        layer_axis="all_layers",
-        layer_numbers=tuple(range(1, L + 1)),
-        moe_layer_numbers=tuple(n for n in range(1, L + 1) if n not in dense),
-    )
+K = 2
 
 
 def outputs(
     era: VllmEra, meta: RouteMeta, *, prompt_start: int = 0, faults: dict[int, Faults] | None = None
 ) -> list[Any]:
     """Five requests of different lengths; ``faults`` by request index."""
-    rng = np.random.default_rng(len(meta.moe_slots) + meta.num_experts)
     out = []
     for i, (p, g) in enumerate([(5, 4), (3, 1), (7, 6), (4, 9), (6, 2)]):
-        ids = np.argsort(rng.random((p + g - 1, L, meta.num_experts)), axis=-1)[..., :K]
-        ids[:, list(meta.dense_slots)] = 0
+        ids = distinct_routes(meta, p + g - 1, seed=i)
         out.append(
             vllm_request_output(
                 era,

@@ -34,30 +34,15 @@ from rr_vllm import (
     sglang_base64_to_array,
     validate_samples,
 )
+from vllm_testing import distinct_routes, make_meta
 
 P, G, L, K = 5, 4, 4, 2
 ALL_ERAS = list(VllmEra)
 FLAT_ERAS = [VllmEra.V0_14, VllmEra.V0_22, VllmEra.V0_32]
 
 
-def make_meta(num_experts: int = 8, dense: tuple[int, ...] = (), layers: int = L) -> RouteMeta:
-    moe = tuple(n for n in range(1, layers + 1) if n not in dense)
-    return RouteMeta(
-        num_experts=num_experts,
-        top_k=K,
-        layer_axis="all_layers",
-        layer_numbers=tuple(range(1, layers + 1)),
-        moe_layer_numbers=moe,
-    )
-
-
 def make_routes(meta: RouteMeta, rows: int = P + G - 1, seed: int = 0) -> np.ndarray:
-    """``[rows, L, K]`` int64: K distinct ids per MoE slot, zeros on dense slots."""
-    rng = np.random.default_rng(seed)
-    n_layers, e = len(meta.layer_numbers), meta.num_experts
-    ids = np.argsort(rng.random((rows, n_layers, e)), axis=-1)[..., :K].astype(np.int64)
-    ids[:, list(meta.dense_slots)] = 0
-    return ids
+    return distinct_routes(meta, rows, seed)
 
 
 def build(era: VllmEra, meta: RouteMeta, routes: np.ndarray, **kw: Any) -> Any:

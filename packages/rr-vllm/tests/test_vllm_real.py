@@ -16,7 +16,6 @@ import pytest
 outputs = pytest.importorskip("vllm.outputs", reason="vllm is not installed")
 vllm = importlib.import_module("vllm")
 
-from rr_core import RouteMeta  # noqa: E402
 from rr_fakes.engines import VllmEra, vllm_http_response, vllm_request_output  # noqa: E402
 from rr_vllm import (  # noqa: E402
     ModelGeometry,
@@ -31,22 +30,14 @@ from rr_vllm import (  # noqa: E402
     vllm_flags,
     vllm_sampling_fields,
 )
+from vllm_testing import distinct_routes, make_meta  # noqa: E402
 
-P, G, L, K = 5, 4, 4, 2
-META = RouteMeta(
-    num_experts=8,
-    top_k=K,
-    layer_axis="all_layers",
-    layer_numbers=(1, 2, 3, 4),
-    moe_layer_numbers=(2, 3, 4),
-)
+P, G = 5, 4
+META = make_meta(dense=(1,))
 
 
 def routes(rows: int = P + G - 1, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    ids = np.argsort(rng.random((rows, L, META.num_experts)), axis=-1)[..., :K]
-    ids[:, 0] = 0
-    return ids
+    return distinct_routes(META, rows, seed)
 
 
 def build(era: VllmEra, rows: np.ndarray, **kw: Any) -> Any:
