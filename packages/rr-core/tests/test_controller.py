@@ -264,6 +264,38 @@ def test_B1_recompute_uses_its_own_microbatch_in_any_schedule_order(
         assert torch.allclose(got, want, atol=1e-6)
 
 
+@pytest.mark.parametrize("recompute", ["reentrant", "non_reentrant"])
+@pytest.mark.parametrize("post", ["view_div_", "transpose_mul_", "softcap_"])
+def test_B1_tracked_output_modified_in_place_still_names_its_microbatch(
+    controller: ReplayController, recompute: str, post: str
+) -> None:
+    """Trainers post-process logits in place (temperature, softcapping), often on a view of
+    the model's output (batch size 1 THD: ``[S, 1, V]`` transposed). A hook on that tensor is
+    lost with the view's node; the mark must survive whatever happens after tracking."""
+    model = TinyModel(num_layers=3, recompute=recompute)
+    layers = controller.attach(model)
+    controller.set_mode(ReplayMode.REPLAY)
+    routes = {mb: random_routes(6, len(layers), seed=mb) for mb in range(2)}
+    outputs = {}
+    for mb in range(2):
+        controller.arm(mb, routes[mb], layer_numbers=layers)
+        with controller.microbatch(mb) as scope:
+            logits = model(tokens(6, seed=100 + mb)).unsqueeze(1).transpose(0, 1)  # a view
+            scope.track(logits)
+        if post == "view_div_":
+            logits.div_(0.7)
+        elif post == "transpose_mul_":
+            logits = logits.transpose(0, 1)
+            logits.mul_(2.0)
+        else:
+            logits.copy_(torch.tanh(logits / 3.0) * 3.0)  # softcapping, written in place
+        outputs[mb] = logits
+    for mb in (1, 0):
+        outputs[mb].sum().backward()
+        assert torch.equal(model.routed_ids(), routes[mb].long()), f"recompute of {mb}"
+    controller.end_step()
+
+
 def test_recompute_with_several_untracked_microbatches_raises(controller: ReplayController) -> None:
     model = TinyModel(num_layers=1, recompute="non_reentrant")
     layers = controller.attach(model)

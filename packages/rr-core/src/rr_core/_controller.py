@@ -503,14 +503,28 @@ class _MicrobatchScope:
 
     def track(self, output: Any) -> None:
         """Mark the grad-carrying tensors of ``output`` (nested tuples, lists, dicts): when a
-        backward reaches them, recompute inside it belongs to this micro-batch."""
+        backward reaches them, recompute inside it belongs to this micro-batch.
+
+        The mark is a pre-hook on the autograd node that produced the tensor's storage (the
+        view's base for a view), not a hook on the tensor: a trainer that modifies the output in
+        place afterwards (``logits.div_(temperature)`` on a view) replaces a view's own node, so
+        a tensor hook would never fire, while the base's node stays in the graph."""
         if isinstance(output, torch.Tensor):
             if output.requires_grad:
-                controller, mb = self._controller, self.microbatch
-                output.register_hook(lambda grad: controller._enter_backward(mb))  # type: ignore[no-untyped-call]
+                _mark_backward(output, self._controller, self.microbatch)
         elif isinstance(output, (tuple, list)):
             for item in output:
                 self.track(item)
         elif isinstance(output, dict):
             for item in output.values():
                 self.track(item)
+
+
+def _mark_backward(tensor: torch.Tensor, controller: ReplayController, mb: Hashable) -> None:
+    """Enter ``mb``'s backward when autograd reaches ``tensor``'s storage."""
+    root = tensor if tensor._base is None else tensor._base
+    node = root.grad_fn
+    if node is None:  # a leaf: it cannot be modified in place while it requires grad
+        root.register_hook(lambda grad: controller._enter_backward(mb))  # type: ignore[no-untyped-call]
+        return
+    node.register_prehook(lambda grads: controller._enter_backward(mb))
