@@ -4,7 +4,9 @@ against rr's."""
 
 from __future__ import annotations
 
+import gc
 import inspect
+import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -233,7 +235,8 @@ def test_A1_action_on_a_model_built_twice_touches_only_live_routers(megatron: No
     live = build()
     rv.set_model_router_replay_action(live, rv.RouterReplayAction.RECORD)
     assert [n for n, _ in rv.iter_model_routers(live)] == [1, 2, 3, 4]
-    assert len(rv.RouterReplay.router_instances) == 4
+    # verl's router_instances: every live router built with replay enabled, orphans included
+    assert len(rv.RouterReplay.router_instances) == 8
     assert all(controller_of(r) is not None for _, r in routers(live))
     for _, router in routers(orphan):
         assert controller_of(router) is None
@@ -246,6 +249,22 @@ def test_A1_action_on_a_model_built_twice_touches_only_live_routers(megatron: No
     rv.set_model_router_replay_action(orphan, rv.RouterReplayAction.RECORD)  # now two models
     with pytest.raises(ReplayError, match="more than one attached model"):
         rv.RouterReplayHelper.get_micro_batch_router_list(live.config)
+
+
+def test_a_dropped_model_leaves_router_instances_and_detaches_itself(megatron: None) -> None:
+    """rr holds no model strongly (verl never calls a release function)."""
+    dropped, live = build(), build()
+    for model in (dropped, live):
+        rv.set_model_router_replay_action(model, rv.RouterReplayAction.RECORD)
+    assert len(rv.RouterReplay.router_instances) == 8
+    kept = [r for _, r in routers(dropped)][:1]  # a router someone still holds
+    gone = weakref.ref(dropped)
+    del dropped
+    gc.collect()
+    assert gone() is None
+    assert len(rv.RouterReplay.router_instances) == 5  # the live model's, and the one held
+    assert all(controller_of(r) is not None for _, r in routers(live))
+    assert controller_of(kept[0]) is None  # its model went: rr released it
 
 
 @pytest.mark.parametrize(

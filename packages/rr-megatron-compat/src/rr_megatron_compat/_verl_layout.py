@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -178,16 +179,70 @@ def build_r3_replay_mask(input_ids: torch.Tensor, response_mask: torch.Tensor) -
 # -- token rows --------------------------------------------------------------------------------
 
 
-def _parallel(tf_config: Any, local_cp_size: int | None) -> tuple[int, int, int, int, bool]:
+@dataclass(frozen=True)
+class _Parallel:
+    tp: int
+    tp_rank: int
+    cp: int
+    cp_rank: int
+    cp_group: Any
+    sp: bool
+
+    @property
+    def align(self) -> int:
+        # verl's THD packing pads each sequence to tp * cp (x2 for zigzag CP), SP or not
+        return sp_alignment(self.tp, self.cp)
+
+
+def _parallel(tf_config: Any, local_cp_size: int | None) -> _Parallel:
     if getattr(tf_config, "fp8", None) in ("e4m3", "hybrid"):
         raise ReplayConfigError("fp8 row padding is not supported by rr's verl layer")
     ps = importlib.import_module("megatron.core.parallel_state")
     tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
-    cp, cp_rank = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
-    if local_cp_size is not None and local_cp_size != cp:
-        raise ReplayConfigError(f"local_cp_size={local_cp_size} differs from the CP size {cp}")
+    if local_cp_size is None:
+        cp, cp_rank, group = (
+            ps.get_context_parallel_world_size(),
+            ps.get_context_parallel_rank(),
+            None,
+        )
+    else:
+        group = _dynamic_cp_group(ps, local_cp_size)
+        cp, cp_rank = local_cp_size, torch.distributed.get_rank(group=group)
     sp = bool(getattr(tf_config, "sequence_parallel", False)) and tp > 1
-    return tp, tp_rank, cp, cp_rank, sp
+    return _Parallel(tp, tp_rank, cp, cp_rank, group, sp)
+
+
+def _dynamic_cp_group(ps: Any, local_cp_size: int) -> Any:
+    """The context-parallel group of this micro-batch under dynamic CP (verl 0.9.1 takes it
+    from Megatron's ``get_dynamic_data_context_parallel_groups``)."""
+    groups = getattr(ps, "get_dynamic_data_context_parallel_groups", None)
+    if groups is None:
+        from rr_megatron_compat._versions import megatron_line
+
+        raise ReplayConfigError(
+            f"local_cp_size={local_cp_size} (dynamic context parallelism) needs "
+            "megatron.core.parallel_state.get_dynamic_data_context_parallel_groups, which "
+            f"megatron-core {megatron_line().version} does not have"
+        )
+    group = groups(group_size=local_cp_size)
+    size = torch.distributed.get_world_size(group=group)
+    if size != local_cp_size:
+        raise ReplayConfigError(
+            f"the dynamic CP group of local_cp_size={local_cp_size} has {size} ranks"
+        )
+    return group
+
+
+def _rows_and_masks(
+    routes: torch.Tensor,
+    replay_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    seqs = sequences(routes, attention_mask, "routes")
+    masks = None
+    if replay_mask is not None:
+        masks = [m.bool() for m in sequences(replay_mask, attention_mask, "replay_mask")]
+    return seqs, masks
 
 
 def sequences(
@@ -206,44 +261,62 @@ def sequences(
 
 
 def to_router_rows(
-    seqs: list[torch.Tensor],
-    masks: list[torch.Tensor] | None,
+    routes: torch.Tensor,
+    replay_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
     tf_config: Any,
     local_cp_size: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """This rank's router rows ``[T, L, K]`` and replay mask (``None``: replay every row)."""
-    tp, tp_rank, cp, cp_rank, sp = _parallel(tf_config, local_cp_size)
-    align = sp_alignment(tp if sp else 1, cp)
-    packed = thd_pack(seqs, masks, align=align)
+    """This rank's router rows ``[T, L, K]`` and replay mask (``None``: replay every row) for
+    routes ``[B, S|j, L, K]`` (dense under ``attention_mask``, or jagged)."""
+    par = _parallel(tf_config, local_cp_size)
+    if routes.is_nested and par.cp == 1 and not par.sp and _aligned(routes, par.align):
+        # the packed rows are the jagged values themselves: no copy
+        rows = routes.values()
+        mask = None if replay_mask is None else replay_mask.values().bool()
+        if mask is not None and mask.shape != rows.shape[:1]:
+            raise AlignmentError(f"replay_mask has {mask.shape[0]} rows for {rows.shape[0]} routes")
+        return rows, None if mask is None or bool(mask.all()) else mask
+    seqs, masks = _rows_and_masks(routes, replay_mask, attention_mask)
+    packed = thd_pack(seqs, masks, align=par.align)
     rows, mask = packed.rows_TLK, packed.mask_T
-    if cp > 1:
-        index = thd_cp_index(packed.cu_seqlens_padded, cp_rank, cp)
+    if par.cp > 1:
+        index = thd_cp_index(packed.cu_seqlens_padded, par.cp_rank, par.cp)
         rows, mask = rows[index], mask[index]
-    if sp:
-        rows, mask = sp_scatter(rows, tp_rank, tp), sp_scatter(mask, tp_rank, tp)
+    if par.sp:
+        rows, mask = sp_scatter(rows, par.tp_rank, par.tp), sp_scatter(mask, par.tp_rank, par.tp)
     return rows, None if bool(mask.all()) else mask
+
+
+def _aligned(jagged: torch.Tensor, align: int) -> bool:
+    return align == 1 or not bool((offsets(jagged).diff() % align).any())
 
 
 def from_router_rows(
     rows: torch.Tensor, lengths: list[int], tf_config: Any, local_cp_size: int | None
-) -> list[torch.Tensor]:
-    """Inverse of :func:`to_router_rows` for recorded rows: per-sequence ``[n_i, L, K]``."""
-    tp, _, cp, _, sp = _parallel(tf_config, local_cp_size)
-    if sp:
+) -> torch.Tensor:
+    """Inverse of :func:`to_router_rows` for recorded rows: the valid rows of every sequence,
+    concatenated ``[sum(lengths), L, K]``."""
+    par = _parallel(tf_config, local_cp_size)
+    if par.sp:
         rows = sp_gather(rows)
-    align = sp_alignment(tp if sp else 1, cp)
-    padded = [n + (-n % align) for n in lengths]
-    starts = [sum(padded[:i]) for i in range(len(padded))]
-    if cp > 1:
-        group = megatron_group("context_parallel")
-        cu = torch.tensor([0, *[sum(padded[: i + 1]) for i in range(len(padded))]])
+    padded = [n + (-n % par.align) for n in lengths]
+    if par.cp > 1:
+        group = par.cp_group if par.cp_group is not None else megatron_group("context_parallel")
+        cu = torch.tensor([0, *padded]).cumsum(0)
         full = rows.new_zeros((sum(padded), *rows.shape[1:]))
         for rank, part in enumerate(all_gather_exact(rows.contiguous(), group)):
-            full[thd_cp_index(cu, rank, cp)] = part
+            full[thd_cp_index(cu, rank, par.cp)] = part
         rows = full
     if rows.shape[0] != sum(padded):
         raise AlignmentError(
             f"routers saw {rows.shape[0]} rows but the batch packs to {sum(padded)}; record the "
             "micro-batch the forward ran on"
         )
-    return [rows[s : s + n] for s, n in zip(starts, lengths, strict=True)]
+    if padded == lengths:
+        return rows
+    starts = torch.tensor([0, *padded[:-1]]).cumsum(0)
+    keep = torch.cat(
+        [torch.arange(s, s + n) for s, n in zip(starts.tolist(), lengths, strict=True)]
+    )
+    return rows[keep]

@@ -1,11 +1,16 @@
 """verl's router-replay API, backed by rr.
 
-A verl checkout switches by replacing its two imports::
+One line switches a verl installation, without editing verl::
+
+    import rr_megatron_compat.verl
+    rr_megatron_compat.verl.install()  # before or after verl's engine module is imported
+
+Or a verl checkout replaces its two imports::
 
     from verl.utils.megatron.router_replay_patch import ...
     from verl.utils.megatron.router_replay_utils import ...
 
-become ``from rr_megatron_compat.verl import ...``.
+with ``from rr_megatron_compat.verl import ...``.
 
 Names, parameters and defaults are verl's (0.9). Behind them every model chunk is driven by an
 :class:`rr_core.ReplayController` attached by walking the chunk (never a process-global router
@@ -16,6 +21,7 @@ any verl code. See the package README, "Migrating from verl", for the difference
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,6 +30,7 @@ from torch import nn
 
 from rr_core import ReplayError, stage_layer_numbers
 from rr_megatron_compat._layout import current_pipeline_rank, layout_config
+from rr_megatron_compat._verl_install import install, is_installed, uninstall
 from rr_megatron_compat._verl_layout import (
     align_r3_router_replay_data,
     build_r3_replay_mask,
@@ -36,14 +43,13 @@ from rr_megatron_compat._verl_layout import (
     pp_gather,
     reorder_and_merge_vpp_layers,
     route_layer_numbers,
-    sequences,
     to_router_rows,
 )
 from rr_megatron_compat._verl_replay import (
     RouterReplay,
     RouterReplayAction,
+    attached_views,
     chunks_of,
-    release_all,
 )
 
 __all__ = [
@@ -56,34 +62,48 @@ __all__ = [
     "get_current_rank_layer_info",
     "get_moe_num_layers_to_build",
     "get_num_layers_to_build",
+    "install",
+    "is_installed",
     "is_moe_layer",
     "iter_model_routers",
+    "merge_nested_router_maps",
     "merge_router_topk_indices",
     "pp_gather",
     "remove_router_replay_patch",
     "reorder_and_merge_vpp_layers",
     "set_model_router_replay_action",
     "set_router_replay_data",
+    "uninstall",
 ]
 
 Model = nn.Module | Sequence[nn.Module]
 
 
 def apply_router_replay_patch() -> None:
-    """Install rr's router hooks for the installed Megatron line (idempotent). On 0.16+ build
-    the model from a config passed through :func:`rr_megatron_compat.enable_replay`; rr adds no
-    ``enable_routing_replay`` field to ``TransformerConfig``."""
-    from rr_megatron_compat._install import install
+    """Install rr's router hooks for the installed Megatron line, remember every ``TopKRouter``
+    built from now on whose config enables replay (``RouterReplay.router_instances``), and give
+    routers a ``router_replay`` on lines without a native one (idempotent). On 0.16+ build the
+    model from a config with ``moe_enable_routing_replay`` (verl's engine sets it, or
+    :func:`rr_megatron_compat.enable_replay`); rr adds no ``enable_routing_replay`` parameter
+    to ``TransformerConfig``."""
+    from rr_megatron_compat._verl_install import apply_router_patch
 
-    install()
+    apply_router_patch()
 
 
 def remove_router_replay_patch() -> None:
-    """rr only: detach every model used through this module and uninstall the hooks."""
-    from rr_megatron_compat._install import uninstall
+    """rr only: detach every model used through this module, forget the routers and remove
+    what :func:`apply_router_replay_patch` installed."""
+    from rr_megatron_compat._verl_install import remove_router_patch
 
-    release_all()
-    uninstall()
+    remove_router_patch()
+
+
+def __getattr__(name: str) -> Any:
+    # verl's modules expose Megatron's router class; loaded on first use (no megatron import)
+    if name == "TopKRouter":
+        return importlib.import_module("megatron.core.transformer.moe.router").TopKRouter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def iter_model_routers(model: Model) -> Iterator[tuple[int, RouterReplay]]:
@@ -96,8 +116,8 @@ def iter_model_routers(model: Model) -> Iterator[tuple[int, RouterReplay]]:
 
 def set_model_router_replay_action(model: Model, router_replay_action: RouterReplayAction) -> None:
     """Set the action on ``model``'s own routers only."""
-    for _, view in iter_model_routers(model):
-        view.set_router_replay_action(router_replay_action)
+    for chunk in chunks_of(model):
+        chunk.set_action(router_replay_action)
 
 
 def _local_views(tf_config: Any, vp_rank: int | None, model: Model | None) -> list[RouterReplay]:
@@ -120,23 +140,28 @@ def set_router_replay_data(
     ``layers_topk_idx`` is ``[B, S, L, K]`` under ``attention_mask`` ``[B, S]``, or jagged
     ``[B, j, L, K]``; ``L`` is ``num_layers`` (all layers) or the number of MoE layers, anything
     else raises. Rows are packed as the model runs them (valid tokens of each sequence, padded to
-    the SP/CP alignment, split over CP and SP ranks); padding rows and rows outside
-    ``replay_mask`` route natively. Without ``model`` the routers of this stage are found by
+    the SP/CP alignment, split over CP ranks — the per-micro-batch ``local_cp_size`` group under
+    dynamic CP — and over SP ranks); padding rows and rows outside ``replay_mask`` route
+    natively. The ids keep their dtype (verl widens each layer to int64); they are validated
+    once, when the forward arms them. Without ``model`` the routers of this stage are found by
     layer number among the attached ones (:meth:`RouterReplayHelper.get_micro_batch_router_list`).
     """
     if layers_topk_idx is None:
         raise ReplayError("set_router_replay_data needs the routes recorded or returned for them")
-    seqs = sequences(layers_topk_idx, attention_mask, "routes")
-    masks = None
-    if replay_mask is not None:
-        masks = [m.bool() for m in sequences(replay_mask, attention_mask, "replay_mask")]
     with torch.no_grad():
-        rows, mask = to_router_rows(seqs, masks, tf_config, local_cp_size)
-    slot = {n: i for i, n in enumerate(route_layer_numbers(tf_config, rows.shape[1]))}
-    views = _local_views(tf_config, vp_rank, model)
-    if model is not None and not views:
-        raise ReplayError("set_router_replay_data found no routers in the forwarded model")
-    for view in views:
+        rows, mask = to_router_rows(
+            layers_topk_idx, replay_mask, attention_mask, tf_config, local_cp_size
+        )
+    layers = route_layer_numbers(tf_config, rows.shape[1])
+    if model is not None:
+        chunks = chunks_of(model)
+        if not any(chunk.views for chunk in chunks):
+            raise ReplayError("set_router_replay_data found no routers in the forwarded model")
+        for chunk in chunks:
+            chunk.stage_rows(rows, layers, mask)
+        return
+    slot = {n: i for i, n in enumerate(layers)}
+    for view in RouterReplayHelper.get_micro_batch_router_list(tf_config, vp_rank):
         view.set_target_indices(rows[:, slot[view.layer_number]], replay_mask=mask)
 
 
@@ -153,32 +178,62 @@ def merge_router_topk_indices(
     (zeros outside ``attention_mask``) for dense inputs, jagged ``[B, j, m, K]`` for nested
     ``input_ids``; ``m`` are the chunk's MoE layers in layer order (``m = 0`` for a dense-only
     stage). Raises if any router of the chunk did not record."""
-    views = _local_views(tf_config, vp_rank, model)
     lengths = _lengths(input_ids, attention_mask)
-    topk = int(tf_config.moe_router_topk)
-    if views:
-        chunks = {id(v._chunk): v._chunk for v in views}
-        missing = [v.layer_number for v in views if v.get_recorded_indices() is None]
-        if missing or len(chunks) != 1:
-            raise ReplayError(
-                f"merge_router_topk_indices: layers {missing} did not record in the last forward"
-                if missing
-                else "merge_router_topk_indices: routers of more than one chunk; pass model="
-            )
-        rows = torch.stack([v.get_recorded_indices() for v in views], dim=1)  # type: ignore[misc]
-        seqs = from_router_rows(rows.to(torch.int16), lengths, tf_config, local_cp_size)
+    rows = _recorded_rows(tf_config, vp_rank, model)
+    if rows is None:
+        rows = torch.zeros((sum(lengths), 0, int(tf_config.moe_router_topk)), dtype=torch.int16)
     else:
-        seqs = [torch.zeros((n, 0, topk), dtype=torch.int16) for n in lengths]
-    seqs = [s.cpu() for s in seqs]
+        rows = from_router_rows(rows, lengths, tf_config, local_cp_size)
+    values = rows.to(device="cpu", dtype=torch.int16)
     if input_ids.is_nested:
-        mini_layer_topk_idx_list.append(torch.nested.as_nested_tensor(seqs, layout=torch.jagged))
+        starts = torch.tensor([0, *lengths]).cumsum(0)
+        mini_layer_topk_idx_list.append(torch.nested.nested_tensor_from_jagged(values, starts))
         return
     assert attention_mask is not None
     keep = attention_mask.bool().cpu()
-    out = torch.zeros((*keep.shape, seqs[0].shape[1], topk), dtype=torch.int16)
-    for b, seq in enumerate(seqs):
-        out[b][keep[b]] = seq
+    out = torch.zeros((*keep.shape, *values.shape[1:]), dtype=torch.int16)
+    out[keep] = values
     mini_layer_topk_idx_list.append(out)
+
+
+def _recorded_rows(tf_config: Any, vp_rank: int | None, model: Model | None) -> Any:
+    """``[T, m, K]`` the chunk recorded in its last forward (None for a stage without MoE)."""
+    if model is not None:
+        chunks = [chunk for chunk in chunks_of(model) if chunk.views]
+    else:
+        views = RouterReplayHelper.get_micro_batch_router_list(tf_config, vp_rank)
+        chunks = list({id(v._chunk): v._chunk for v in views if v._chunk is not None}.values())
+        if len(chunks) == 1 and len(views) != len(chunks[0].views):
+            raise ReplayError("merge_router_topk_indices: pass model= to address its routers")
+    if not chunks:
+        return None
+    if len(chunks) != 1:
+        raise ReplayError("merge_router_topk_indices: routers of more than one chunk; pass model=")
+    rows = chunks[0].recorded_last()
+    if rows is None:
+        raise ReplayError(
+            f"merge_router_topk_indices: layers {list(chunks[0].layers)} did not record in the "
+            "last forward"
+        )
+    return rows
+
+
+def merge_nested_router_maps(router_maps: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The micro-batches' jagged ``[b_i, j, m, K]`` route maps as one int16 jagged tensor of
+    all their sequences, in order (verl's R2 merge without virtual pipelining)."""
+    if not router_maps:
+        raise ReplayError("merge_nested_router_maps needs at least one micro-batch's routes")
+    values, lengths = [], []
+    for router_map in router_maps:
+        if not router_map.is_nested:
+            raise ReplayError(
+                f"merge_nested_router_maps takes jagged tensors; got {router_map.shape}"
+            )
+        values.append(router_map.values())
+        lengths.append(offsets(router_map).diff())
+    merged = torch.cat(values).to(torch.int16)
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cat(lengths).cumsum(0)])
+    return torch.nested.nested_tensor_from_jagged(merged, starts.to(merged.device))
 
 
 def _lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[int]:
@@ -202,7 +257,7 @@ class RouterReplayHelper:
         cfg = layout_config(tf_config)
         vp = None if cfg.vp_size is None else (vp_rank or 0)
         layers = set(stage_layer_numbers(cfg, current_pipeline_rank(), vp))
-        chosen = [v for v in RouterReplay.router_instances if v.layer_number in layers]
+        chosen = [v for v in attached_views() if v.layer_number in layers]
         numbers = [v.layer_number for v in chosen]
         if len(numbers) != len(set(numbers)):
             raise ReplayError(
@@ -219,11 +274,13 @@ class RouterReplayHelper:
 
     @staticmethod
     def _is(action: RouterReplayAction, tf_config: Any, vp_rank: Any, model: Any) -> bool:
-        views = _local_views(tf_config, vp_rank, model)
-        actions = {v.router_replay_action for v in views}
-        if len(actions) > 1:
-            raise ReplayError(f"routers of one stage disagree on the action: {actions}")
-        return actions == {action}
+        if model is not None:
+            shared = {chunk.action() for chunk in chunks_of(model) if chunk.views}
+        else:
+            shared = {v.router_replay_action for v in _local_views(tf_config, vp_rank, None)}
+        if "mixed" in shared or len(shared) > 1:
+            raise ReplayError(f"routers of one stage disagree on the action: {shared}")
+        return shared == {action}
 
     @staticmethod
     def is_r2_record_action(
