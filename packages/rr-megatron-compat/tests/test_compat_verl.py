@@ -5,6 +5,7 @@ against rr's."""
 from __future__ import annotations
 
 import gc
+import importlib
 import inspect
 import weakref
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import rr_core
+import rr_megatron_compat as rmc
 import rr_megatron_compat.verl as rv
 from compat_megatron_steps import (
     K,
@@ -204,6 +206,43 @@ def test_r2_record_then_replay_through_the_verl_names(megatron: None) -> None:
             assert torch.equal(replayed[layer][mb], native[layer][mb])
     with pytest.raises(ReplayError, match="position"):
         rv.RouterReplay.set_replay_data([])
+
+
+def test_names_verl_users_reach_for_behave_like_verl_or_name_the_rr_way(megatron: None) -> None:
+    model = build()
+    tc = model.config
+    router_module = importlib.import_module("megatron.core.transformer.moe.router")
+    assert rv.TopKRouter is router_module.TopKRouter
+    # verl's patch gives every router built after it a router_replay; so does rr, on every line
+    assert all(getattr(r, "router_replay", None) is not None for _, r in routers(model))
+    assert len(rv.RouterReplay.router_instances) == 4  # built, not yet used: verl's count
+    views = dict(rv.iter_model_routers(model))
+    if not rmc.megatron_line().native_replay:  # Megatron 0.16+ keeps its own object there
+        assert all(r.router_replay is views[n] for n, r in routers(model))
+    batch = packed([5, 7])
+    mask = torch.ones(1, 12, dtype=torch.bool)
+    targets = random_targets(12, 4, seed=3).to(torch.int16)
+    rv.RouterReplay.set_global_router_replay_action(rv.RouterReplayAction.REPLAY_FORWARD)
+    assert views[2].target_topk_idx is None
+    rv.set_router_replay_data(targets.unsqueeze(0), mask, tc, model=model)
+    assert torch.equal(views[2].target_topk_idx, targets[:, 1])  # staged for the next forward
+    with torch.no_grad():
+        forward(model, batch)
+    assert torch.equal(views[3].target_topk_idx, targets[:, 2])  # what the forward replayed
+    with pytest.raises(ReplayError, match="rr records in the router's own top-k step"):
+        views[1].record_indices(targets[:, 0])
+    with pytest.raises(ReplayError, match="set_router_replay_data"):
+        views[1].get_replay_topk(torch.rand(12, 8), K)
+    rv.RouterReplay.clear_global_indices()
+    rv.RouterReplay.set_global_router_replay_action(rv.RouterReplayAction.RECORD)
+    with torch.no_grad():
+        forward(model, batch)
+    recorded = [views[n].recorded_topk_idx for n in range(1, 5)]
+    assert all(r is not None and r.shape == (12, K) for r in recorded)
+    data = rv.RouterReplay.get_recorded_data()
+    assert len(data) == 4 and all(torch.equal(a, b) for a, b in zip(data, recorded, strict=True))
+    rv.RouterReplay.clear_global_indices()
+    rv.RouterReplay.clear_global_router_replay_action()
 
 
 def test_r3_round_trip_replays_engine_routes_on_masked_rows(megatron: None) -> None:

@@ -43,6 +43,7 @@ class _Swap:
 _LOCK = threading.RLock()
 _ROUTER_SWAPS: list[_Swap] = []
 _MODULE_SWAPS: list[_Swap] = []
+_ORIGINALS: dict[str, Any] = {}  # verl's own object of each name rr replaced
 _OWN_MEGATRON_INSTALL: list[bool] = []
 _MISSING = object()
 
@@ -132,30 +133,40 @@ def install() -> tuple[str, ...]:
         if not _ours(_MODULE_SWAPS):
             _restore(_MODULE_SWAPS)
             sources = [importlib.import_module(name) for name in VERL_MODULES]
-            originals: dict[str, Any] = {}
+            _ORIGINALS.clear()
             for module in sources:
                 for name in ours.__all__:
                     value = vars(module).get(name, _MISSING)
                     if value is not _MISSING and value is not getattr(ours, name):
-                        originals.setdefault(name, value)
-            for module in [m for key, m in list(sys.modules.items()) if _is_verl(key)]:
-                for name, original in originals.items():
+                        _ORIGINALS.setdefault(name, value)
+            for module in _verl_modules():
+                for name, original in _ORIGINALS.items():
                     if vars(module).get(name, _MISSING) is original:
                         _swap(module, name, getattr(ours, name), _MODULE_SWAPS)
         return tuple(f"{e.owner.__name__}.{e.attribute}" for e in _MODULE_SWAPS)
 
 
-def _is_verl(module_name: str) -> bool:
-    return (module_name == "verl" or module_name.startswith("verl.")) and (
-        sys.modules.get(module_name) is not None
-    )
+def _verl_modules() -> list[Any]:
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if module is not None and (name == "verl" or name.startswith("verl."))
+    ]
 
 
 def uninstall() -> None:
-    """Give verl its own names back (where rr's are still in place) and remove the router
-    patch. Idempotent."""
+    """Give verl its own names back (where rr's are still in place, also in verl modules
+    imported after :func:`install`, which bound rr's names) and remove the router patch.
+    Idempotent."""
+    import rr_megatron_compat.verl as ours
+
     with _LOCK:
         _restore(_MODULE_SWAPS)
+        for module in _verl_modules() if _ORIGINALS else []:
+            for name, original in _ORIGINALS.items():
+                if vars(module).get(name, _MISSING) is getattr(ours, name):
+                    setattr(module, name, original)
+        _ORIGINALS.clear()
         remove_router_patch()
 
 

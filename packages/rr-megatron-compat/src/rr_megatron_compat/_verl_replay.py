@@ -50,10 +50,14 @@ _CHUNKS: weakref.WeakKeyDictionary[nn.Module, _Chunk] = weakref.WeakKeyDictionar
 
 
 def replay_enabled(config: Any) -> bool:
-    """verl's test for a router that gets a RouterReplay: either config flag."""
+    """Whether a router gets a RouterReplay: verl's rule (either config flag), and on lines
+    without native replay (0.12 - 0.15) every router, since rr's hooks need no flag there."""
+    from rr_megatron_compat._versions import megatron_line
+
     return bool(
         getattr(config, "enable_routing_replay", False)
         or getattr(config, "moe_enable_routing_replay", False)
+        or not megatron_line().native_replay
     )
 
 

@@ -1,0 +1,173 @@
+"""``rr_megatron_compat.verl.install()`` against the real verl 0.9.1 package: every name verl
+imports from its router-replay modules exists in rr's, and install / uninstall walk a state
+machine (engine module imported before or after, twice each way, a foreign patch in between).
+
+Skipped where verl is not installed (the ``verl`` nox session installs it)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+import rr_megatron_compat.verl as rv
+
+VERL = importlib.util.find_spec("verl")
+pytestmark = pytest.mark.skipif(VERL is None, reason="verl is not installed")
+
+ROUTER_MODULES = (
+    "verl.utils.megatron.router_replay_patch",
+    "verl.utils.megatron.router_replay_utils",
+)
+ENGINE = "verl.workers.engine.megatron.transformer_impl"
+
+
+def verl_imports() -> dict[str, set[str]]:
+    """Every ``from <router-replay module> import name`` in verl's own source, by file."""
+    assert VERL is not None and VERL.submodule_search_locations
+    root = Path(next(iter(VERL.submodule_search_locations)))
+    found: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in ROUTER_MODULES:
+                found.setdefault(str(path.relative_to(root)), set()).update(
+                    alias.name for alias in node.names
+                )
+    return found
+
+
+def test_every_name_verl_imports_from_its_router_replay_modules_exists() -> None:
+    imports = verl_imports()
+    assert "workers/engine/megatron/transformer_impl.py" in imports
+    names = set().union(*imports.values())
+    assert "merge_nested_router_maps" in names
+    missing = sorted(name for name in names if not hasattr(rv, name))
+    assert not missing, f"verl imports {missing} from its router-replay modules; rr lacks them"
+
+
+@pytest.fixture(scope="module")
+def verl_modules() -> Iterator[None]:
+    from rr_fakes.megatron import megatron_cpu
+
+    with megatron_cpu():
+        for name in (*ROUTER_MODULES, ENGINE):
+            importlib.import_module(name)
+        yield
+
+
+def _engine() -> Any:
+    return sys.modules[ENGINE]
+
+
+def _reimport_engine() -> Any:
+    """verl's engine module imported afresh (as in a process that imports it after install)."""
+    from rr_fakes.megatron import megatron_cpu
+
+    registry = importlib.import_module("verl.workers.engine.base").EngineRegistry
+    engines, registry._engines = registry._engines, {}  # the module registers its classes
+    sys.modules.pop(ENGINE, None)
+    try:
+        with megatron_cpu():
+            return importlib.import_module(ENGINE)
+    finally:
+        registry._engines = engines
+
+
+ENGINE_NAMES = ("RouterReplay", "set_router_replay_data", "merge_nested_router_maps")
+
+
+def test_install_switches_verl_names_and_uninstall_gives_them_back(verl_modules: None) -> None:
+    utils = sys.modules[ROUTER_MODULES[1]]
+    originals = {n: getattr(_engine(), n) for n in ENGINE_NAMES}
+    replaced = rv.install()
+    try:
+        assert f"{ENGINE}.set_router_replay_data" in replaced
+        assert f"{ROUTER_MODULES[0]}.apply_router_replay_patch" in replaced
+        for name in ENGINE_NAMES:
+            assert getattr(_engine(), name) is getattr(rv, name)
+            assert getattr(utils, name) is getattr(rv, name)
+        assert rv.install() == replaced  # idempotent
+        assert rv.is_installed()
+    finally:
+        rv.uninstall()
+    assert not rv.is_installed()
+    assert {n: getattr(_engine(), n) for n in ENGINE_NAMES} == originals
+    rv.uninstall()  # twice: nothing to do
+    assert {n: getattr(_engine(), n) for n in ENGINE_NAMES} == originals
+
+
+def test_an_engine_imported_after_install_gets_rr_and_a_foreign_patch_is_kept(
+    verl_modules: None,
+) -> None:
+    originals = {n: getattr(_engine(), n) for n in ENGINE_NAMES}
+    rv.install()
+    try:
+        engine = _reimport_engine()
+        assert all(getattr(engine, n) is getattr(rv, n) for n in ENGINE_NAMES)
+
+        def foreign(*args: Any, **kwargs: Any) -> None:
+            """another library's patch"""
+
+        engine.set_router_replay_data = foreign
+    finally:
+        rv.uninstall()
+    engine = _engine()
+    assert engine.set_router_replay_data is foreign  # never undo someone else's patch
+    engine = _reimport_engine()  # a fresh import after uninstall sees verl's own names
+    assert {n: getattr(engine, n) for n in ENGINE_NAMES} == originals
+
+
+class VerlInstallMachine(RuleBasedStateMachine):
+    """install / uninstall in any order, with fresh engine imports in between: verl's engine
+    sees rr exactly while installed, and its own names otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.installed = False
+        self.own = {n: getattr(sys.modules[ROUTER_MODULES[1]], n, None) for n in ENGINE_NAMES}
+        self.own["RouterReplay"] = sys.modules[ROUTER_MODULES[0]].RouterReplay
+
+    @rule(times=st.integers(1, 2))
+    def install(self, times: int) -> None:
+        for _ in range(times):
+            rv.install()
+        self.installed = True
+
+    @rule(times=st.integers(1, 2))
+    def uninstall(self, times: int) -> None:
+        for _ in range(times):
+            rv.uninstall()
+        self.installed = False
+
+    @rule()
+    def import_engine_again(self) -> None:
+        _reimport_engine()
+
+    @invariant()
+    def engine_names_match_the_state(self) -> None:
+        engine = _engine()
+        for name in ENGINE_NAMES:
+            want = getattr(rv, name) if self.installed else self.own[name]
+            assert getattr(engine, name) is want, (name, self.installed)
+        assert rv.is_installed() is self.installed
+
+    def teardown(self) -> None:
+        rv.uninstall()
+
+
+@pytest.mark.usefixtures("verl_modules")
+def test_install_state_machine() -> None:
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(
+        VerlInstallMachine, settings=settings(max_examples=12, stateful_step_count=6, deadline=None)
+    )
