@@ -240,7 +240,8 @@ def test_names_verl_users_reach_for_behave_like_verl_or_name_the_rr_way(megatron
     recorded = [views[n].recorded_topk_idx for n in range(1, 5)]
     assert all(r is not None and r.shape == (12, K) for r in recorded)
     data = rv.RouterReplay.get_recorded_data()
-    assert len(data) == 4 and all(torch.equal(a, b) for a, b in zip(data, recorded, strict=True))
+    assert len(data) == 4
+    assert all(torch.equal(a, b) for a, b in zip(data, recorded, strict=True))
     rv.RouterReplay.clear_global_indices()
     rv.RouterReplay.clear_global_router_replay_action()
 

@@ -33,7 +33,8 @@ ENGINE = "verl.workers.engine.megatron.transformer_impl"
 
 def verl_imports() -> dict[str, set[str]]:
     """Every ``from <router-replay module> import name`` in verl's own source, by file."""
-    assert VERL is not None and VERL.submodule_search_locations
+    assert VERL is not None
+    assert VERL.submodule_search_locations
     root = Path(next(iter(VERL.submodule_search_locations)))
     found: dict[str, set[str]] = {}
     for path in root.rglob("*.py"):
