@@ -46,6 +46,35 @@ def test_word_flags_match_columns_and_rows(k: int, num_experts: int, rows: int, 
     assert words == naive(t, num_experts)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    k=st.sampled_from([2, 4, 8]),
+    dtype=st.sampled_from([torch.int16, torch.int32, torch.int64]),
+    num_experts=st.sampled_from([8, 64, 128, 129, 200, 256]),
+    rows=st.integers(1, 200),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_wide_ids_narrowed_to_words_match_a_plain_reading(
+    k: int, dtype: torch.dtype, num_experts: int, rows: int, seed: int
+) -> None:
+    """verl's int16 rows (and int32 / int64) go through the byte-word checks; ids that do not
+    survive the narrowing (negative, 256 + i) are out of range, never mistaken for id i."""
+    rng = np.random.default_rng(seed)
+    ids = np.argsort(rng.random((rows, num_experts)), axis=1)[:, :k].astype(np.int64)
+    wrap = rng.random((rows, k)) < 0.05
+    ids[wrap] += rng.choice([256, -256, 512, 65536 if dtype != torch.int16 else -512], wrap.sum())
+    ids[rng.random((rows, k)) < 0.05] = -1
+    ids[rng.random(rows) < 0.1] = 0
+    t = torch.from_numpy(ids).to(dtype)
+    assert _idcheck_words.covers_narrowed(t)
+    got, want = flags_list(row_flags(t, num_experts)), naive(t, num_experts)
+    assert [g[0] for g in got] == [w[0] for w in want]  # out of range
+    assert [g[2] for g in got] == [w[2] for w in want]  # non-zero
+    assert [g[1] for g, w in zip(got, want, strict=True) if not w[0]] == [  # repeats, in range
+        w[1] for w in want if not w[0]
+    ]
+
+
 @pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.uint8])
 def test_other_rows_take_the_column_path(dtype: torch.dtype) -> None:
     ids = torch.tensor([[0, 1, 2], [3, 3, 1], [0, 0, 0], [5, 1, 9]], dtype=dtype)

@@ -32,6 +32,12 @@ def covers(ids_RK: torch.Tensor) -> bool:
     return cpu_bytes and ids_RK.shape[-1] in _WORDS
 
 
+def covers_narrowed(ids_RK: torch.Tensor) -> bool:
+    """Whether wider integer ids, once narrowed to bytes, fit :func:`word_flags`."""
+    wide = ids_RK.dtype in (torch.int16, torch.int32, torch.int64)
+    return wide and ids_RK.device.type == "cpu" and ids_RK.shape[-1] in _WORDS
+
+
 def _every_byte(word: type[np.unsignedinteger[Any]], byte: int) -> np.unsignedinteger[Any]:
     return word(int.from_bytes(bytes([byte]) * np.dtype(word).itemsize, "little"))
 
