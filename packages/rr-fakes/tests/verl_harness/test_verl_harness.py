@@ -5,8 +5,10 @@ from forward hooks on every decoder router, in the forward and in the backward r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -378,3 +380,14 @@ def test_R2_pp2_1f1b_records_every_stage_and_replays_exactly(recompute: bool) ->
 def test_R2_pp2_vpp2_interleaved_records_and_replays_exactly_with_recompute() -> None:
     results = launch(pipeline_r2_rank, 2, 8, True, sizes=ParallelSizes(pp=2, vpp=2), timeout_s=240)
     assert results == [(0, [1, 2, 5, 6], True, True, 8), (1, [3, 4, 7, 8], True, True, 8)]
+
+
+def test_readme_example_runs() -> None:
+    """The README's verl example (fenced ``py``, so the torch-only and Megatron README tests,
+    which run ``python`` blocks on installs without verl, leave it to this one)."""
+    readme = Path(__file__).parents[2] / "README.md"
+    blocks = re.findall(r"```py\n(.*?)```", readme.read_text(), flags=re.DOTALL)
+    blocks = [b for b in blocks if "rr_fakes.verl" in b]
+    assert blocks, "the README has no verl example"
+    for block in blocks:
+        exec(compile(block, str(readme), "exec"), {"__name__": "readme"})
