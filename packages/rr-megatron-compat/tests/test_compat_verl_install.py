@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import rr_megatron_compat.verl as rv
+from rr_core import AlignmentError
 
 VERL = importlib.util.find_spec("verl")
 pytestmark = pytest.mark.skipif(VERL is None, reason="verl is not installed")
@@ -172,3 +174,47 @@ def test_install_state_machine() -> None:
     run_state_machine_as_test(
         VerlInstallMachine, settings=settings(max_examples=12, stateful_step_count=6, deadline=None)
     )
+
+
+def _jagged(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nested.as_nested_tensor(parts, layout=torch.jagged)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_r3_alignment_mask_and_merge_equal_verls_own(verl_modules: None, seed: int) -> None:
+    """Same inputs through verl's functions and rr's: identical tensors, bit for bit."""
+    utils = sys.modules[ROUTER_MODULES[1]]
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 12, (5,), generator=g).tolist()
+    short = torch.randint(0, 2, (5,), generator=g).tolist()
+    routes = _jagged(
+        [
+            torch.randint(0, 64, (n - s, 3, 4), generator=g).to(torch.int16)
+            for n, s in zip(lengths, short, strict=True)
+        ]
+    )
+    input_ids = _jagged([torch.randint(0, 100, (n,), generator=g) for n in lengths])
+    response = torch.randint(0, 2, (5, 6), generator=g)
+    response[0] = 0  # a sequence without a response stays native
+    for ours, theirs in (
+        (
+            rv.align_r3_router_replay_data(routes, input_ids),
+            utils.align_r3_router_replay_data(routes, input_ids),
+        ),
+        (
+            rv.build_r3_replay_mask(input_ids, response),
+            utils.build_r3_replay_mask(input_ids, response),
+        ),
+        (
+            rv.merge_nested_router_maps([routes, routes]),
+            utils.merge_nested_router_maps([routes, routes]),
+        ),
+    ):
+        assert ours.dtype == theirs.dtype
+        assert torch.equal(ours.offsets(), theirs.offsets())
+        assert torch.equal(ours.values(), theirs.values())
+    bad = _jagged(
+        [torch.zeros((n - 2 if n > 2 else n + 1, 3, 4), dtype=torch.int16) for n in lengths]
+    )
+    with pytest.raises(AlignmentError, match="expected equal lengths or exactly one missing"):
+        rv.align_r3_router_replay_data(bad, input_ids)

@@ -439,9 +439,12 @@ class ReplayController:
         return None if armed is None else armed.mask_T
 
     # -- results and step end ------------------------------------------------------------------
-    def recorded(self, microbatch: Hashable = DEFAULT_MICROBATCH) -> torch.Tensor:
+    def recorded(
+        self, microbatch: Hashable = DEFAULT_MICROBATCH, *, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         """The ids recorded for one micro-batch as ``[T, L, K]`` on the attached routers'
-        layers (a ``moe_layers`` axis: ``layer_numbers`` names the slots)."""
+        layers (a ``moe_layers`` axis: ``layer_numbers`` names the slots); ``dtype`` narrows
+        them on the way, in one pass."""
         records = self._recorded.get(microbatch)
         missing = (
             list(self._layers)
@@ -453,7 +456,15 @@ class ReplayController:
                 f"micro-batch {microbatch!r} has no record for layers {missing}; were they in "
                 "RECORD mode when it ran forward?"
             )
-        return torch.stack([r for r in records if r is not None], dim=1)
+        rows = [r for r in records if r is not None]
+        if dtype is None:
+            return torch.stack(rows, dim=1)
+        out = torch.empty(
+            (rows[0].shape[0], len(rows), self.top_k), dtype=dtype, device=rows[0].device
+        )
+        for i, ids_TK in enumerate(rows):
+            out[:, i].copy_(ids_TK)
+        return out
 
     def agreement(self) -> dict[int, float]:
         """Per layer, the share of replayed rows whose armed set equals the native set, this

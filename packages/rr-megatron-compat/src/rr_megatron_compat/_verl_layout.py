@@ -152,28 +152,48 @@ def _cat_batch(tensors: list[torch.Tensor]) -> torch.Tensor:
 def align_r3_router_replay_data(
     layers_topk_idx: torch.Tensor, input_ids: torch.Tensor
 ) -> torch.Tensor:
-    """Engine routes (jagged ``[B, j, L, K]``) on the training inputs' rows, sequence by
-    sequence with :func:`rr_core.align_routes`: ``j`` must be the input length or one less (the
-    last sampled token); the missing row is a zero placeholder the replay mask leaves native."""
+    """Engine routes (jagged ``[B, j, L, K]``) on the training inputs' rows: ``j`` must be the
+    input length or one less (the last sampled token was never fed back); the missing row is a
+    zero placeholder the replay mask leaves native. One scatter for the whole batch."""
     if not (layers_topk_idx.is_nested and input_ids.is_nested):
         raise AlignmentError("R3 alignment takes jagged (nested) routes and input_ids")
-    routes, lengths = layers_topk_idx.unbind(), offsets(input_ids).diff().tolist()
-    if len(routes) != len(lengths):
-        raise AlignmentError(f"{len(routes)} route sequences for {len(lengths)} input sequences")
-    aligned = [rr_core.align_routes(r, int(n))[0] for r, n in zip(routes, lengths, strict=True)]
-    return torch.nested.as_nested_tensor(aligned, layout=torch.jagged)
+    route_at, input_at = offsets(layers_topk_idx).cpu(), offsets(input_ids).cpu()
+    if route_at.numel() != input_at.numel():
+        raise AlignmentError(
+            f"{route_at.numel() - 1} route sequences for {input_at.numel() - 1} input sequences"
+        )
+    route_lens, input_lens = route_at.diff(), input_at.diff()
+    short = input_lens - route_lens
+    bad = ((short < 0) | (short > 1)).nonzero().flatten().tolist()
+    if bad:
+        b = bad[0]
+        raise AlignmentError(
+            f"sample {b}: {int(route_lens[b])} route rows for {int(input_lens[b])} input tokens; "
+            "expected equal lengths or exactly one missing final route"
+        )
+    values = layers_topk_idx.values()
+    if not bool(short.any()):
+        return torch.nested.nested_tensor_from_jagged(values, input_at.to(values.device))
+    seq_R = torch.repeat_interleave(torch.arange(route_lens.numel()), route_lens)
+    dest_R = torch.arange(values.shape[0]) + (input_at[:-1] - route_at[:-1])[seq_R]
+    aligned = values.new_zeros((int(input_at[-1]), *values.shape[1:]))
+    aligned[dest_R.to(values.device)] = values
+    return torch.nested.nested_tensor_from_jagged(aligned, input_at.to(values.device))
 
 
 def build_r3_replay_mask(input_ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Jagged bool mask on ``input_ids``' rows: every row of a sequence with a response except
-    its last (:func:`rr_core.replay_mask_for_lengths`); sequences without a response stay native."""
+    its last (the engine routed no last sampled token); sequences without a response stay
+    native."""
     if not input_ids.is_nested:
         raise AlignmentError("build_r3_replay_mask takes jagged (nested) input_ids")
-    lengths = offsets(input_ids).diff()
-    mask = rr_core.replay_mask_for_lengths(lengths.cpu(), missing_last=True)
-    has_response = (response_mask.sum(dim=-1) > 0).cpu()
-    mask &= torch.repeat_interleave(has_response, lengths.cpu())
-    return torch.nested.nested_tensor_from_jagged(mask.to(lengths.device), offsets(input_ids))
+    starts = offsets(input_ids)
+    lengths = starts.diff()
+    has_response = (response_mask.sum(dim=-1) > 0).to(lengths.device)
+    mask = torch.repeat_interleave(has_response, lengths)
+    last = starts[1:][lengths > 0] - 1
+    mask[last] = False
+    return torch.nested.nested_tensor_from_jagged(mask, starts)
 
 
 # -- token rows --------------------------------------------------------------------------------

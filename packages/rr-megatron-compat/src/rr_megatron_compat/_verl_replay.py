@@ -201,7 +201,7 @@ class _Chunk:
         rows = self.records.get(mb)
         if rows is None:
             try:
-                rows = self.records[mb] = self.controller.recorded(mb)
+                rows = self.records[mb] = self.controller.recorded(mb, dtype=torch.int16)
             except ReplayError:
                 return None
         return rows
