@@ -154,7 +154,7 @@ def align_r3_router_replay_data(
 ) -> torch.Tensor:
     """Engine routes (jagged ``[B, j, L, K]``) on the training inputs' rows: ``j`` must be the
     input length or one less (the last sampled token was never fed back); the missing row is a
-    zero placeholder the replay mask leaves native. One scatter for the whole batch."""
+    zero placeholder the replay mask leaves native."""
     if not (layers_topk_idx.is_nested and input_ids.is_nested):
         raise AlignmentError("R3 alignment takes jagged (nested) routes and input_ids")
     route_at, input_at = offsets(layers_topk_idx).cpu(), offsets(input_ids).cpu()
@@ -174,10 +174,13 @@ def align_r3_router_replay_data(
     values = layers_topk_idx.values()
     if not bool(short.any()):
         return torch.nested.nested_tensor_from_jagged(values, input_at.to(values.device))
-    seq_R = torch.repeat_interleave(torch.arange(route_lens.numel()), route_lens)
-    dest_R = torch.arange(values.shape[0]) + (input_at[:-1] - route_at[:-1])[seq_R]
-    aligned = values.new_zeros((int(input_at[-1]), *values.shape[1:]))
-    aligned[dest_R.to(values.device)] = values
+    aligned = values.new_empty((int(input_at[-1]), *values.shape[1:]))
+    route_starts, input_starts = route_at.tolist(), input_at.tolist()
+    for b in range(len(input_starts) - 1):  # one slice copy per sequence, one zero row or none
+        start, stop = route_starts[b], route_starts[b + 1]
+        to = input_starts[b] + stop - start
+        aligned[input_starts[b] : to] = values[start:stop]
+        aligned[to : input_starts[b + 1]] = 0
     return torch.nested.nested_tensor_from_jagged(aligned, input_at.to(values.device))
 
 
