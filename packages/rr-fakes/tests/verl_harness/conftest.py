@@ -33,9 +33,12 @@ def _no_leaked_replay_patch() -> Iterator[None]:
         yield
         return
     from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.moe.router_replay import RouterReplay
 
     before = (vars(TopKRouter)["routing"], vars(TopKRouter)["__init__"])
+    native = len(RouterReplay.global_router_replay_instances)
     yield
+    assert len(RouterReplay.global_router_replay_instances) == native, "leaked native replays"
     after = (vars(TopKRouter)["routing"], vars(TopKRouter)["__init__"])
     assert after == before, "a test left verl's router replay patch on TopKRouter"
     assert "_router_replay_patched" not in vars(TopKRouter)

@@ -75,7 +75,8 @@ _depth = 0
 def verl_cpu() -> Iterator[None]:
     """:func:`rr_fakes.megatron.megatron_cpu` with verl's engine module imported, and on exit
     Megatron's router, config and dispatcher classes as they were on entry (verl's router
-    replay patch rewrites them for the whole process) and verl's router registry emptied.
+    replay patch rewrites them for the whole process), verl's router registry emptied and
+    Megatron's own one as it was.
     Nested entries share the outer one."""
     global _depth
     with megatron_cpu():
@@ -93,6 +94,10 @@ def verl_cpu() -> Iterator[None]:
             (owner, name, vars(owner).get(name, _MISSING))
             for owner, name in _replay_patch_targets()
         ]
+        # On megatron-core 0.19 verl turns on Megatron's own replay flag, so every router built
+        # under its patch first registers a native RouterReplay that verl then replaces.
+        native = _native_registry()
+        native_before = list(native) if native is not None else []
         _depth += 1
         try:
             yield
@@ -105,6 +110,20 @@ def verl_cpu() -> Iterator[None]:
                 else:
                     setattr(owner, name, original)
             _router_replay().router_instances.clear()
+            if native is not None:
+                native[:] = native_before
+
+
+def _native_registry() -> list[Any] | None:
+    """Megatron's own process-global router replay registry (0.16+), or None."""
+    try:
+        module = importlib.import_module("megatron.core.transformer.moe.router_replay")
+    except ImportError:
+        return None
+    registry: list[Any] | None = getattr(
+        module.RouterReplay, "global_router_replay_instances", None
+    )
+    return registry
 
 
 def _router_replay() -> Any:
