@@ -19,3 +19,4 @@ def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "5 [True, True, True, True, False]" in out
     assert "96000000 {'max_tokens': 2048, 'routed_experts_prompt_start': 0}" in out
     assert "[4] [True, True, True, False]" in out
+    assert "1.44 12\ntorch.int16 [0, 5, 9]\n[[2, 3], [2, 3], [2, 3], [0, 0]]" in out

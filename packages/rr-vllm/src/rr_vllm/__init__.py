@@ -40,6 +40,14 @@ if TYPE_CHECKING:
     from rr_vllm._store import routes_store_max_bytes as routes_store_max_bytes
     from rr_vllm._validate import ABORT_REASONS as ABORT_REASONS
     from rr_vllm._validate import validate_samples as validate_samples
+    from rr_vllm._verl import VerlRoutes as VerlRoutes
+    from rr_vllm._verl import check_verl_replayable as check_verl_replayable
+    from rr_vllm._verl import concat_verl_routes as concat_verl_routes
+    from rr_vllm._verl import pack_batch_for_verl as pack_batch_for_verl
+    from rr_vllm._verl import pack_for_verl as pack_for_verl
+    from rr_vllm._verl import to_verl_nested as to_verl_nested
+    from rr_vllm._verl import to_verl_padded as to_verl_padded
+    from rr_vllm._verl import unreplayable_rows as unreplayable_rows
     from rr_vllm._versions import VllmFlags as VllmFlags
     from rr_vllm._versions import installed_vllm_version as installed_vllm_version
     from rr_vllm._versions import vllm_flags as vllm_flags
@@ -59,9 +67,12 @@ _LAZY: dict[str, str] = {
     "RouteStoreEvictedError": "rr_vllm._errors",
     "SampleRoutes": "rr_vllm._decode",
     "TrainerLayout": "rr_vllm._assemble",
+    "VerlRoutes": "rr_vllm._verl",
     "VllmFlags": "rr_vllm._versions",
     "assemble_multi_turn": "rr_vllm._assemble",
     "assemble_resumed": "rr_vllm._assemble",
+    "check_verl_replayable": "rr_vllm._verl",
+    "concat_verl_routes": "rr_vllm._verl",
     "decode_routes_array": "rr_vllm._decode",
     "decode_sglang": "rr_vllm._wire",
     "decode_vllm_http": "rr_vllm._wire",
@@ -73,12 +84,17 @@ _LAZY: dict[str, str] = {
     "is_store_eviction": "rr_vllm._store",
     "max_new_tokens": "rr_vllm._capture",
     "npy_base64_to_array": "rr_vllm._wire",
+    "pack_batch_for_verl": "rr_vllm._verl",
+    "pack_for_verl": "rr_vllm._verl",
     "routes_store_max_bytes": "rr_vllm._store",
     "sglang_base64_to_array": "rr_vllm._wire",
     "sglang_request_fields": "rr_vllm._capture",
     "to_trainer_layout": "rr_vllm._assemble",
+    "to_verl_nested": "rr_vllm._verl",
+    "to_verl_padded": "rr_vllm._verl",
     "truncate_response": "rr_vllm._assemble",
     "truncate_sample": "rr_vllm._assemble",
+    "unreplayable_rows": "rr_vllm._verl",
     "validate_samples": "rr_vllm._validate",
     "vllm_engine_args": "rr_vllm._capture",
     "vllm_flags": "rr_vllm._versions",
@@ -94,10 +110,13 @@ __all__ = [
     "RouteStoreEvictedError",
     "SampleRoutes",
     "TrainerLayout",
+    "VerlRoutes",
     "VllmFlags",
     "__version__",
     "assemble_multi_turn",
     "assemble_resumed",
+    "check_verl_replayable",
+    "concat_verl_routes",
     "decode_routes_array",
     "decode_sglang",
     "decode_vllm_batch",
@@ -109,12 +128,17 @@ __all__ = [
     "is_store_eviction",
     "max_new_tokens",
     "npy_base64_to_array",
+    "pack_batch_for_verl",
+    "pack_for_verl",
     "routes_store_max_bytes",
     "sglang_base64_to_array",
     "sglang_request_fields",
     "to_trainer_layout",
+    "to_verl_nested",
+    "to_verl_padded",
     "truncate_response",
     "truncate_sample",
+    "unreplayable_rows",
     "validate_samples",
     "vllm_engine_args",
     "vllm_flags",

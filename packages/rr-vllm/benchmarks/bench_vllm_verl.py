@@ -1,0 +1,179 @@
+"""verl benchmark: bytes per token and conversion time of rr's compact routes against verl 0.9.1's
+own int16 conversion, on a Qwen3-30B-A3B-shaped rollout (48 MoE layers, 128 experts, top-8; uint8
+engine arrays of ``T - 1`` rows, as vLLM 0.22+ returns them).
+
+For each codec: ``pack_ms`` is the rollout side (:func:`rr_vllm.decode_vllm_batch`, which copies
+and validates, then :func:`rr_vllm.pack_batch_for_verl` encoding without validating again),
+``expand_ms`` the trainer side (:func:`rr_vllm.to_verl_nested` on the CPU), ``bytes_per_token``
+what ships between them. ``verl_ms`` is verl's ``AgentLoopOutput.as_dict`` for every sample plus
+``list_of_dict_to_tensordict`` (the TransferQueue trainer's path), timed where verl imports;
+``equal_to_verl`` checks the tensors match (``set``: up to the order of each row's ids).
+
+Usage: ``python bench_vllm_verl.py [--samples 256] [--tokens 4096] [--repeat 3] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from rr_core import CODECS, RouteMeta
+from rr_vllm import decode_vllm_batch, pack_batch_for_verl, to_verl_nested
+
+LAYERS, EXPERTS, TOP_K = 48, 128, 8
+
+
+def requests(samples: int, tokens: int) -> list[Any]:
+    """Duck-typed vLLM 0.22+ outputs of ``tokens - i % 64`` tokens (verl stacks equal lengths
+    into a dense tensor, not a jagged one): a quarter prompt, the rest generated, T-1 rows."""
+    rng = np.random.default_rng(0)
+    base = np.argsort(rng.random((257, EXPERTS)), axis=1)[:, :TOP_K].astype(np.uint8)
+    p = tokens // 4
+    out = []
+    for i in range(samples):
+        t = tokens - i % 64
+        pick = rng.integers(0, len(base), size=(t - 1, LAYERS))
+        completion = SimpleNamespace(
+            index=0,
+            token_ids=list(range(t - p)),
+            routed_experts=base[pick],
+            finish_reason="length",
+        )
+        out.append(
+            SimpleNamespace(
+                request_id=str(i), prompt_token_ids=list(range(p)), outputs=[completion]
+            )
+        )
+    return out
+
+
+def best(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def verl_functions() -> tuple[Any, Any] | None:
+    """verl's agent-loop module and ``list_of_dict_to_tensordict``, or None."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # megatron's fallbacks without apex / TE
+            from rr_fakes.megatron import megatron_cpu
+
+            with megatron_cpu():
+                from verl.experimental.agent_loop import agent_loop
+                from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+    except Exception:  # verl or one of its imports is missing
+        return None
+    return agent_loop, list_of_dict_to_tensordict
+
+
+def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
+    meta = RouteMeta(
+        num_experts=EXPERTS,
+        top_k=TOP_K,
+        layer_axis="all_layers",
+        layer_numbers=tuple(range(1, LAYERS + 1)),
+    )
+    reqs = requests(samples, tokens)
+    prompts = [len(r.prompt_token_ids) for r in reqs]
+    result: dict[str, Any] = {
+        "samples": samples,
+        "tokens_per_sample": tokens,
+        "layers": LAYERS,
+        "experts": EXPERTS,
+        "top_k": TOP_K,
+        "threads": torch.get_num_threads(),
+        "verl_bytes_per_token": LAYERS * TOP_K * 2,
+    }
+    result["tokens"] = sum(
+        p + len(r.outputs[0].token_ids) for p, r in zip(prompts, reqs, strict=True)
+    )
+    verl = verl_functions()
+    theirs = None
+    if verl is not None:
+        agent_loop, to_tensordict = verl
+        outputs = [
+            agent_loop.AgentLoopOutput(
+                prompt_ids=r.prompt_token_ids,
+                response_ids=r.outputs[0].token_ids,
+                response_mask=[1] * len(r.outputs[0].token_ids),
+                routed_experts=r.outputs[0].routed_experts,
+                metrics=agent_loop.AgentLoopMetrics(),
+            )
+            for r in reqs
+        ]
+
+        def convert() -> Any:
+            return to_tensordict([o.as_dict() for o in outputs])["routed_experts"]
+
+        theirs = convert()
+        result["verl_ms"] = best(convert, repeat) * 1e3
+    else:
+        result["verl_ms"] = None
+    batch = decode_vllm_batch(reqs, meta)
+    for codec in CODECS:
+
+        def pack(codec: str = codec) -> Any:
+            return pack_batch_for_verl(
+                decode_vllm_batch(reqs, meta), prompts, codec=codec, validate=False
+            )
+
+        routes = pack()
+        ours = to_verl_nested(routes)
+        equal = None
+        if theirs is not None:
+            want = theirs.values().sort(dim=-1).values if codec == "set" else theirs.values()
+            equal = bool(
+                torch.equal(ours.values(), want) and torch.equal(ours.offsets(), theirs.offsets())
+            )
+        del ours
+        result[codec] = {
+            "bytes_per_token": routes.bytes_per_token,
+            "pack_ms": best(pack, repeat) * 1e3,
+            "encode_only_ms": best(
+                lambda c=codec: pack_batch_for_verl(batch, prompts, codec=c, validate=False), repeat
+            )
+            * 1e3,
+            "expand_ms": best(lambda r=routes: to_verl_nested(r), repeat) * 1e3,
+            "equal_to_verl": equal,
+        }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    result = run(args.samples, args.tokens, args.repeat)
+    if args.json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        if isinstance(value, dict):
+            print(
+                key,
+                " ".join(
+                    f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items()
+                ),
+            )
+        else:
+            print(f"{key:24s} {value:.1f}" if isinstance(value, float) else f"{key:24s} {value}")
+
+
+if __name__ == "__main__":
+    main()
