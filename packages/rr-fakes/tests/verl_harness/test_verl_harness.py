@@ -6,104 +6,33 @@ from forward hooks on every decoder router, in the forward and in the backward r
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch import nn
 
-from rr_fakes.megatron import ParallelSizes, TinyGPTConfig, launch, model_parallel
-from rr_fakes.verl import build_verl_chunks, run_step, verl_batch, verl_cpu, verl_engine
+from rr_fakes.megatron import ParallelSizes, launch, model_parallel
+from rr_fakes.verl import (
+    PROMPTS,
+    RESPONSES,
+    build_verl_chunks,
+    grads_ok,
+    moe_column,
+    packed,
+    perturb,
+    pipeline_r2_rank,
+    rollout_routes,
+    route_log,
+    routers,
+    run_step,
+    tiny_config,
+    verl_batch,
+    verl_cpu,
+    verl_engine,
+)
 
-PROMPTS = [3, 5, 2, 4]
-RESPONSES = [4, 2, 6, 3]
-RECOMPUTE = {
-    "recompute_granularity": "full",
-    "recompute_method": "uniform",
-    "recompute_num_layers": 1,
-}
-
-
-def config(*, recompute: bool = False, freq: Any = 1, num_layers: int = 4) -> TinyGPTConfig:
-    return TinyGPTConfig(
-        num_layers=num_layers, moe_layer_freq=freq, extra=RECOMPUTE if recompute else {}
-    )
-
-
-def routers(chunks: Sequence[nn.Module]) -> list[nn.Module]:
-    from megatron.core.transformer.moe.router import TopKRouter
-
-    return [m for c in chunks for m in c.decoder.modules() if isinstance(m, TopKRouter)]
-
-
-class RouteLog:
-    """Top-k ids each decoder router used, per call: ``(layer, recompute, ids [T, K])``; a call
-    with grad enabled inside backward is the recompute of a checkpointed forward."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, bool, torch.Tensor]] = []
-
-    def hook(self, router: nn.Module, args: Any, output: Any) -> None:
-        routing_map = output[1]
-        ids = routing_map.nonzero()[:, 1].view(routing_map.shape[0], -1)
-        recompute = torch.is_grad_enabled() and router.config.recompute_granularity == "full"
-        self.calls.append((router.layer_number, recompute, ids))
-
-    def rows(self, layer: int, *, recompute: bool) -> torch.Tensor:
-        """Every token row routed at ``layer`` in call order (micro-batch order)."""
-        parts = [ids for lay, rec, ids in self.calls if lay == layer and rec == recompute]
-        return torch.cat(parts) if parts else torch.empty(0, 0, dtype=torch.long)
-
-
-@contextmanager
-def route_log(chunks: Sequence[nn.Module]) -> Iterator[RouteLog]:
-    log = RouteLog()
-    handles = [r.register_forward_hook(log.hook) for r in routers(chunks)]
-    try:
-        yield log
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def packed(routes: torch.Tensor, column: int) -> torch.Tensor:
-    """Jagged ``[B, j, L, K]`` routes of one layer column, sequences packed, ids sorted."""
-    return torch.cat([seq[:, column, :].long() for seq in routes.unbind()]).sort(dim=-1).values
-
-
-def moe_column(tf_config: Any, layer: int, columns: int) -> int:
-    """The routes column of global ``layer``: by layer when routes cover every layer, else by
-    MoE ordinal (verl's ``set_router_replay_data`` rule)."""
-    if columns == tf_config.num_layers:
-        return layer - 1
-    freq = tf_config.moe_layer_freq
-    moe = [freq[i] == 1 if isinstance(freq, list) else i % freq == 0 for i in range(layer - 1)]
-    return sum(moe)
-
-
-def perturb(chunks: Sequence[nn.Module], seed: int = 7) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for router in routers(chunks):
-            noise = torch.randn(router.weight.shape, generator=generator)
-            router.weight.add_(noise * router.weight.std() * 3)
-
-
-def grads_ok(chunks: Sequence[nn.Module]) -> bool:
-    params = [p for c in chunks for p in c.parameters() if p.requires_grad]
-    return all(p.grad is not None and torch.isfinite(p.grad).all() for p in params) and all(
-        r.weight.grad.abs().sum() > 0 for r in routers(chunks)
-    )
-
-
-def zero_grads(chunks: Sequence[nn.Module]) -> None:
-    for chunk in chunks:
-        for p in chunk.parameters():
-            p.grad = None
+config = tiny_config
 
 
 def batching(kind: str) -> dict[str, int]:
@@ -260,20 +189,6 @@ def test_R2_one_and_several_microbatches_agree_under_recompute() -> None:
 
 
 # -- (c) R3: rollout routes one row short per sequence -------------------------------------------
-def rollout_routes(
-    lengths: Sequence[int], layers: int, cfg: TinyGPTConfig, seed: int = 3
-) -> list[torch.Tensor]:
-    """Distinct top-k ids per row, one row short per sequence (the rollout engine never routes
-    the last sampled token)."""
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        torch.rand(n - 1, layers, cfg.num_experts, generator=generator)
-        .argsort(dim=-1)[..., : cfg.top_k]
-        .to(torch.int16)
-        for n in lengths
-    ]
-
-
 @pytest.mark.parametrize(
     ("kind", "recompute", "freq", "all_layers"),
     [
@@ -324,53 +239,6 @@ def test_replay_mode_needs_chunks_built_under_verls_patch() -> None:
 
 
 # -- PP=2 and PP=2 x VPP=2 on two gloo processes --------------------------------------------------
-def pipeline_r2_rank(num_layers: int, recompute: bool) -> tuple[int, list[int], bool, bool, int]:
-    from megatron.core import parallel_state as ps
-
-    with verl_cpu():
-        cfg = config(recompute=recompute, num_layers=num_layers)
-        chunks = build_verl_chunks(cfg, mode="R2")
-        engine = verl_engine(chunks, mode="R2")
-        layers = [r.layer_number for r in routers(chunks)]
-
-        def batch(**kw: Any) -> Any:
-            return verl_batch(PROMPTS, RESPONSES, cfg.vocab_size, micro_batch_size=1, **kw)
-
-        with route_log(chunks) as native:
-            record = run_step(engine, batch(enable_routing_replay=True), forward_only=True)
-        last = ps.get_pipeline_model_parallel_world_size() - 1
-        shared = [
-            record["model_output"].get("routed_experts") if ps.is_pipeline_last_stage() else None
-        ]
-        dist.broadcast_object_list(shared, src=last)  # verl's workers hand every rank the batch
-        routes = shared[0]
-        recorded_ok = all(
-            torch.equal(
-                native.rows(layer, recompute=False).sort(-1).values, packed(routes, layer - 1)
-            )
-            for layer in layers
-        )
-        perturb(chunks, seed=11 + ps.get_pipeline_model_parallel_rank())
-        with route_log(chunks) as replay:
-            run_step(
-                engine, batch(routed_experts=routes, enable_routing_replay=True), forward_only=False
-            )
-        replay_ok = all(
-            torch.equal(
-                replay.rows(layer, recompute=rec).sort(-1).values, packed(routes, layer - 1)
-            )
-            for layer in layers
-            for rec in ([False, True] if recompute else [False])
-        )
-        return (
-            ps.get_pipeline_model_parallel_rank(),
-            layers,
-            recorded_ok,
-            replay_ok and grads_ok(chunks),
-            routes.shape[-2],
-        )
-
-
 @pytest.mark.parametrize("recompute", [False, True])
 def test_R2_pp2_1f1b_records_every_stage_and_replays_exactly(recompute: bool) -> None:
     results = launch(pipeline_r2_rank, 2, 4, recompute, sizes=ParallelSizes(pp=2), timeout_s=240)

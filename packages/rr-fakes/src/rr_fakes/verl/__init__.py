@@ -24,8 +24,35 @@ if TYPE_CHECKING:
         verl_cpu,
         verl_engine,
     )
+    from rr_fakes.verl._inspect import (
+        RouteLog,
+        grads_ok,
+        moe_column,
+        packed,
+        perturb,
+        rollout_routes,
+        route_log,
+        routers,
+        zero_grads,
+    )
+    from rr_fakes.verl._pipeline import pipeline_r2_rank
+    from rr_fakes.verl._tiny import PROMPTS, RECOMPUTE, RESPONSES, tiny_config
 
 _LAZY: dict[str, str] = {
+    "pipeline_r2_rank": "rr_fakes.verl._pipeline",
+    "PROMPTS": "rr_fakes.verl._tiny",
+    "RECOMPUTE": "rr_fakes.verl._tiny",
+    "RESPONSES": "rr_fakes.verl._tiny",
+    "tiny_config": "rr_fakes.verl._tiny",
+    "RouteLog": "rr_fakes.verl._inspect",
+    "grads_ok": "rr_fakes.verl._inspect",
+    "moe_column": "rr_fakes.verl._inspect",
+    "packed": "rr_fakes.verl._inspect",
+    "perturb": "rr_fakes.verl._inspect",
+    "rollout_routes": "rr_fakes.verl._inspect",
+    "route_log": "rr_fakes.verl._inspect",
+    "routers": "rr_fakes.verl._inspect",
+    "zero_grads": "rr_fakes.verl._inspect",
     "ThdCoreAttention": "rr_fakes.verl._attention",
     "use_thd_attention": "rr_fakes.verl._attention",
     "response_logprob_loss": "rr_fakes.verl._batch",
@@ -40,20 +67,34 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "PROMPTS",
+    "RECOMPUTE",
+    "RESPONSES",
     "VERL_IMPORT_DEPS",
     "VERL_MEGATRON_LINE",
     "VERL_RELEASE",
     "ModelConfig",
+    "RouteLog",
     "ThdCoreAttention",
     "Tokenizer",
     "build_verl_chunks",
+    "grads_ok",
+    "moe_column",
+    "packed",
+    "perturb",
+    "pipeline_r2_rank",
     "response_logprob_loss",
+    "rollout_routes",
+    "route_log",
+    "routers",
     "run_step",
+    "tiny_config",
     "unavailable_reason",
     "use_thd_attention",
     "verl_batch",
     "verl_cpu",
     "verl_engine",
+    "zero_grads",
 ]
 
 

@@ -1,0 +1,104 @@
+"""Reading back what verl's engine routed: every decoder router's top-k per call (forward and
+backward recompute), routes of one layer column in packed order, perturbed router weights, and
+rollout-style routes. Shared by the harness tests and rr's verl engine tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from rr_fakes.megatron._gpt import TinyGPTConfig
+
+
+def routers(chunks: Sequence[nn.Module]) -> list[nn.Module]:
+    """Every decoder router of ``chunks`` (MTP routers excluded), in module order."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    return [m for c in chunks for m in c.decoder.modules() if isinstance(m, TopKRouter)]
+
+
+class RouteLog:
+    """Top-k ids each decoder router used, per call: ``(layer, recompute, ids [T, K])``; a call
+    with grad enabled inside backward is the recompute of a checkpointed forward."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, bool, torch.Tensor]] = []
+
+    def hook(self, router: nn.Module, args: Any, output: Any) -> None:
+        routing_map = output[1]
+        ids = routing_map.nonzero()[:, 1].view(routing_map.shape[0], -1)
+        recompute = torch.is_grad_enabled() and router.config.recompute_granularity == "full"
+        self.calls.append((router.layer_number, recompute, ids))
+
+    def rows(self, layer: int, *, recompute: bool) -> torch.Tensor:
+        """Every token row routed at ``layer`` in call order (micro-batch order)."""
+        parts = [ids for lay, rec, ids in self.calls if lay == layer and rec == recompute]
+        return torch.cat(parts) if parts else torch.empty(0, 0, dtype=torch.long)
+
+
+@contextmanager
+def route_log(chunks: Sequence[nn.Module]) -> Iterator[RouteLog]:
+    log = RouteLog()
+    handles = [r.register_forward_hook(log.hook) for r in routers(chunks)]
+    try:
+        yield log
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def packed(routes: torch.Tensor, column: int) -> torch.Tensor:
+    """Jagged ``[B, j, L, K]`` routes of one layer column, sequences packed, ids sorted."""
+    return torch.cat([seq[:, column, :].long() for seq in routes.unbind()]).sort(dim=-1).values
+
+
+def moe_column(tf_config: Any, layer: int, columns: int) -> int:
+    """The routes column of global ``layer``: by layer when routes cover every layer, else by
+    MoE ordinal (verl's ``set_router_replay_data`` rule)."""
+    if columns == tf_config.num_layers:
+        return layer - 1
+    freq = tf_config.moe_layer_freq
+    moe = [freq[i] == 1 if isinstance(freq, list) else i % freq == 0 for i in range(layer - 1)]
+    return sum(moe)
+
+
+def perturb(chunks: Sequence[nn.Module], seed: int = 7) -> None:
+    """Move every router's weights so that native routing changes (replay must undo it)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for router in routers(chunks):
+            noise = torch.randn(router.weight.shape, generator=generator)
+            router.weight.add_(noise * router.weight.std() * 3)
+
+
+def grads_ok(chunks: Sequence[nn.Module]) -> bool:
+    """Every parameter has a finite gradient and every router weight a non-zero one."""
+    params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+    return all(p.grad is not None and torch.isfinite(p.grad).all() for p in params) and all(
+        r.weight.grad.abs().sum() > 0 for r in routers(chunks)
+    )
+
+
+def zero_grads(chunks: Sequence[nn.Module]) -> None:
+    """Drop every gradient of ``chunks``."""
+    for chunk in chunks:
+        for p in chunk.parameters():
+            p.grad = None
+
+
+def rollout_routes(
+    lengths: Sequence[int], layers: int, cfg: TinyGPTConfig, seed: int = 3
+) -> list[torch.Tensor]:
+    """Distinct top-k ids per row, one row short per sequence (the rollout engine never routes
+    the last sampled token)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.rand(n - 1, layers, cfg.num_experts, generator=generator)
+        .argsort(dim=-1)[..., : cfg.top_k]
+        .to(torch.int16)
+        for n in lengths
+    ]

@@ -1,0 +1,24 @@
+"""The tiny batch and model the verl engine tests share: four sequences of different prompt and
+response lengths, and a 4-layer MoE GPTModel with or without full activation recompute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rr_fakes.megatron._gpt import TinyGPTConfig
+
+PROMPTS = (3, 5, 2, 4)
+RESPONSES = (4, 2, 6, 3)
+#: Megatron's full activation recompute, one layer per checkpoint.
+RECOMPUTE = {
+    "recompute_granularity": "full",
+    "recompute_method": "uniform",
+    "recompute_num_layers": 1,
+}
+
+
+def tiny_config(*, recompute: bool = False, freq: Any = 1, num_layers: int = 4) -> TinyGPTConfig:
+    """A tiny GPTModel config: ``freq`` is ``moe_layer_freq`` (``[0, 1, 1, 1]``: dense first)."""
+    return TinyGPTConfig(
+        num_layers=num_layers, moe_layer_freq=freq, extra=RECOMPUTE if recompute else {}
+    )
