@@ -20,7 +20,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "core", "vllm", "megatron", "distributed", "npu"]
+nox.options.sessions = ["lint", "core", "vllm", "megatron", "distributed", "npu", "verl"]
 
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
@@ -40,6 +40,8 @@ MEGATRON_TESTS = [
 ]
 # The vLLM release the real-class tests use, and what lets it import on CPU torch.
 VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
+# The verl release whose own engine code the verl session drives, and what it imports.
+VERL_DATA = runpy.run_path(str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "verl" / "_lines.py"))
 
 
 def session(**kwargs: Any) -> Callable[[Callable[..., None]], object]:
@@ -280,3 +282,43 @@ def demo(session: nox.Session) -> None:
         session, *editable("rr-core", "rr-fakes[demo]", "rr-megatron-compat", "rr-vllm")
     )
     session.run("rr", "demo", *(session.posargs or ["--plot", str(ROOT / "rr-demo.png")]))
+
+
+#: Tests that need the real verl package (they skip elsewhere).
+VERL_TESTS = [
+    PACKAGES / "rr-fakes" / "tests" / "verl_harness",
+    PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_install.py",
+    PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_engine.py",
+    PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl.py",
+]
+
+
+def install_verl(session: nox.Session) -> None:
+    """verl (no dependencies: its declared ones pull wandb, hydra, ...), what its Megatron
+    engine module imports, and the megatron-core line it is driven on."""
+    release, flags, extras = MEGATRON_LINES[VERL_DATA["VERL_MEGATRON_LINE"]]
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_with_torch(session, "--no-deps", f"verl=={VERL_DATA['VERL_RELEASE']}")
+    install_with_torch(session, *VERL_DATA["VERL_IMPORT_DEPS"], *VERL_DATA["VERL_ROLLOUT_DEPS"])
+
+
+@session(python="3.11")
+def verl(session: nox.Session) -> None:
+    """The real verl 0.9.1 engine code on CPU with rr installed: install(), R2 / R3 through
+    MegatronEngineWithLMHead.forward_backward_batch, PP=2 (x VPP=2) on two gloo processes."""
+    install_verl(session)
+    install_with_torch(
+        session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm")
+    )
+    report_versions(session)
+    args = session.posargs or PYTEST_DEFAULTS
+    session.run("pytest", *map(str, VERL_TESTS), *args)
+    if not session.posargs:  # each distributed test already runs two ranks
+        session.run(
+            "pytest",
+            str(PACKAGES / "rr-megatron-compat" / "tests" / "distributed" / "test_verl_dist.py"),
+            "-q",
+            "-p",
+            "no:xdist",
+            env={"RR_DISTRIBUTED": "1"},
+        )

@@ -26,3 +26,12 @@ VERL_IMPORT_DEPS: tuple[str, ...] = (
     "pillow==13.0.0",  # verl.utils.dataset.rl_dataset
     "peft==0.21.2",  # verl.utils.fsdp_utils, reached from verl.workers.engine
 )
+
+#: What verl's agent loop (``verl.experimental.agent_loop``: its rollout-to-trainer conversion of
+#: ``routed_experts``) imports beyond :data:`VERL_IMPORT_DEPS`.
+VERL_ROLLOUT_DEPS: tuple[str, ...] = (
+    "hydra-core==1.3.8",
+    "cachetools==8.0.2",
+    "uvicorn==0.54.0",
+    "fastapi==0.165.0",
+)
