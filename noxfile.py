@@ -134,14 +134,14 @@ BENCHMARKS = {
     "codecs": "rr-core/benchmarks/bench_codecs.py",
     "vllm": "rr-vllm/benchmarks/bench_vllm.py",
     "megatron": "rr-megatron-compat/benchmarks/bench_megatron.py",
+    "verl": "rr-megatron-compat/benchmarks/bench_verl.py",
 }
 
 
 @session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
     """Every benchmark, one process each, side by side: one table and bench-results.json."""
-    release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_verl(session)  # verl's own functions run beside rr's; its megatron-core line
     install_with_torch(session, *editable("rr-core", "rr-fakes", "rr-megatron-compat", "rr-vllm"))
     report_versions(session)
     runs: dict[str, Any] = {}
@@ -161,6 +161,7 @@ def bench(session: nox.Session) -> None:
 def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
     """The headline figures (names fixed: other tools read bench-results.json)."""
     core, codecs, vllm_run, mcore = runs["core"], runs["codecs"], runs["vllm"], runs["megatron"]
+    verl_run = runs["verl"]
     return {
         "replay_topk_over_native": core["replay_topk_over_native"],
         "bookkeeping_us_per_microbatch_94_layers": core["bookkeeping_us_per_microbatch_94_layers"],
@@ -171,6 +172,12 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
             for c, v in codecs["codecs"].items()
         },
         "vllm_assembly_vs_memcpy": vllm_run["vllm_assembly_vs_memcpy"],
+        "verl_bookkeeping_rr_over_verl": verl_run["bookkeeping"]["bookkeeping_per_microbatch"][
+            "rr_over_verl_cpu"
+        ],
+        "verl_r2_merge_rr_over_verl": verl_run["merge"]["layers_48"]["rr_over_verl_cpu"],
+        "verl_step_overhead_dropin": verl_run["step"]["rr_dropin_over_off_cpu"],
+        "verl_step_overhead_verl": verl_run["step"]["verl_over_off_cpu"],
         "workloads": {
             "replay_topk_over_native": "4096 tokens x 128 experts, top-8, every row replayed",
             "bookkeeping_us_per_microbatch_94_layers": "arm (validated upstream) + end_step",
@@ -185,6 +192,13 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
                 f"{vllm_run['samples']} samples x {vllm_run['tokens_per_sample']} tokens, "
                 "48 layers, top-8, uint8: decode_vllm_batch (decode, validate, batch) vs a copy"
             ),
+            "verl_bookkeeping_rr_over_verl": (
+                "rr_megatron_compat.verl / verl 0.9.1, thread CPU time: set_router_replay_data + "
+                "action switching + arming per micro-batch, 48 MoE layers, 4096 tokens"
+            ),
+            "verl_r2_merge_rr_over_verl": "merge_router_topk_indices, 48 MoE layers, 4096 tokens",
+            "verl_step_overhead_dropin": "R3 training step through the drop-in / no replay",
+            "verl_step_overhead_verl": "R3 training step through verl's replay / no replay",
         },
         "runs": runs,
     }
@@ -198,6 +212,10 @@ def bench_table(figures: dict[str, Any]) -> str:
             "bookkeeping_us_per_microbatch_94_layers",
             "step_overhead_ratio_r3",
             "vllm_assembly_vs_memcpy",
+            "verl_bookkeeping_rr_over_verl",
+            "verl_r2_merge_rr_over_verl",
+            "verl_step_overhead_dropin",
+            "verl_step_overhead_verl",
         )
     ]
     for codec, size in figures["payload_bytes_per_token"].items():
