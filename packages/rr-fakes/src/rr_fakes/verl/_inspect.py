@@ -14,11 +14,12 @@ from torch import nn
 from rr_fakes.megatron._gpt import TinyGPTConfig
 
 
-def routers(chunks: Sequence[nn.Module]) -> list[nn.Module]:
+def routers(chunks: Sequence[nn.Module]) -> list[Any]:
     """Every decoder router of ``chunks`` (MTP routers excluded), in module order."""
     from megatron.core.transformer.moe.router import TopKRouter
 
-    return [m for c in chunks for m in c.decoder.modules() if isinstance(m, TopKRouter)]
+    decoders: list[Any] = [getattr(c, "decoder", c) for c in chunks]
+    return [m for d in decoders for m in d.modules() if isinstance(m, TopKRouter)]
 
 
 class RouteLog:
@@ -28,11 +29,11 @@ class RouteLog:
     def __init__(self) -> None:
         self.calls: list[tuple[int, bool, torch.Tensor]] = []
 
-    def hook(self, router: nn.Module, args: Any, output: Any) -> None:
+    def hook(self, router: Any, args: Any, output: Any) -> None:
         routing_map = output[1]
         ids = routing_map.nonzero()[:, 1].view(routing_map.shape[0], -1)
         recompute = torch.is_grad_enabled() and router.config.recompute_granularity == "full"
-        self.calls.append((router.layer_number, recompute, ids))
+        self.calls.append((int(router.layer_number), bool(recompute), ids))
 
     def rows(self, layer: int, *, recompute: bool) -> torch.Tensor:
         """Every token row routed at ``layer`` in call order (micro-batch order)."""

@@ -47,7 +47,9 @@ def _step(num_layers: int, recompute: bool) -> tuple[int, list[int], bool, bool,
     with route_log(chunks) as native:
         record = run_step(engine, batch(enable_routing_replay=True), forward_only=True)
     last = ps.get_pipeline_model_parallel_world_size() - 1
-    shared = [record["model_output"].get("routed_experts") if ps.is_pipeline_last_stage() else None]
+    shared: list[Any] = [
+        record["model_output"].get("routed_experts") if ps.is_pipeline_last_stage() else None
+    ]
     dist.broadcast_object_list(shared, src=last)  # verl's workers hand every rank the batch
     routes = shared[0]
     recorded_ok = all(
