@@ -125,7 +125,9 @@ def test_dynamic_cp_without_megatrons_groups_raises_naming_them() -> None:
 
         if hasattr(ps, "get_dynamic_data_context_parallel_groups"):
             pytest.skip("this megatron-core has dynamic CP groups")
-        routes = torch.nested.as_nested_tensor([torch.zeros(4, 2, 2, dtype=torch.int16)])
+        routes = torch.nested.as_nested_tensor(
+            [torch.zeros(4, 2, 2, dtype=torch.int16)], layout=torch.jagged
+        )
         tf = SimpleNamespace(fp8=None, sequence_parallel=False)
         with pytest.raises(ReplayConfigError, match="get_dynamic_data_context_parallel_groups"):
             to_router_rows(routes, None, None, tf, 2)
