@@ -28,13 +28,17 @@ def test_replay_yields_exactly_the_targets_with_values_from_the_scores(
         .indices.to(torch.uint8 if e <= 256 else torch.int16)
     )
     mask = torch.rand(t, generator=g) < 0.7
-    out = replay_topk(scores, k, target_ids_TK=targets, replay_mask_T=mask)
     native = native_topk(scores, k)
-    assert torch.equal(out.ids_TK[mask], targets[mask].long())
-    assert torch.equal(out.ids_TK[~mask], native.ids_TK[~mask])
-    assert torch.equal(out.values_TK, scores.gather(1, out.ids_TK))
-    out.values_TK.sum().backward()
-    assert logits.grad is not None
+    rows = (~mask).nonzero().flatten()  # the native top-k only on the rows outside the mask
+    for out in (
+        replay_topk(scores, k, target_ids_TK=targets, replay_mask_T=mask),
+        replay_topk(scores, k, target_ids_TK=targets, replay_mask_T=mask, native_rows_N=rows),
+    ):
+        assert torch.equal(out.ids_TK[mask], targets[mask].long())
+        assert torch.equal(out.ids_TK[~mask], native.ids_TK[~mask])
+        assert torch.equal(out.values_TK, scores.gather(1, out.ids_TK))
+        out.values_TK.sum().backward(retain_graph=True)
+        assert logits.grad is not None
 
 
 def test_B4_gradient_reaches_replayed_experts_the_native_router_did_not_pick() -> None:

@@ -49,6 +49,7 @@ class _Armed:
     slot_of_router: tuple[int, ...]  # walk index -> slot on the routes' layer axis
     mask_T: torch.Tensor | None
     consumed: list[bool]
+    native_rows_N: torch.Tensor | None = None  # rows outside the mask (found once, at arming)
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,10 @@ class ReplayController:
                 microbatch=microbatch,
             )
         consumed = [False] * len(self._routers)
-        self._armed[microbatch] = _Armed(routes_TLK, slot_of_router, replay_mask_T, consumed)
+        native_rows_N = None if replay_mask_T is None else (~replay_mask_T).nonzero().flatten()
+        self._armed[microbatch] = _Armed(
+            routes_TLK, slot_of_router, replay_mask_T, consumed, native_rows_N
+        )
 
     def arm_batch(self, microbatch: Hashable, batch: RouteBatch) -> None:
         """Arm a validated :class:`RouteBatch` whose sequences, concatenated, are the tokens the
@@ -397,9 +401,7 @@ class ReplayController:
                 "token order (after sequence-parallel scatter, context-parallel split, packing)"
             )
         measure = self.measure_agreement and not in_backward
-        native_TK = None
-        if measure or armed.mask_T is not None:
-            native_TK = native_ids(scores_TE, self.top_k)
+        native_TK = native_ids(scores_TE, self.top_k) if measure else None
         out = replay_topk(
             scores_TE,
             self.top_k,
@@ -407,6 +409,7 @@ class ReplayController:
             replay_mask_T=armed.mask_T,
             values_TE=values_TE,
             native_ids_TK=native_TK,
+            native_rows_N=armed.native_rows_N,
         )
         if not in_backward:
             armed.consumed[index] = True

@@ -41,19 +41,29 @@ def replay_topk(
     replay_mask_T: torch.Tensor | None = None,
     values_TE: torch.Tensor | None = None,
     native_ids_TK: torch.Tensor | None = None,
+    native_rows_N: torch.Tensor | None = None,
 ) -> TopK:
     """Top-k where rows of ``replay_mask_T`` (all rows when it is None) use ``target_ids_TK``.
 
     Values are gathered from the router's own unmasked scores at the replayed ids, so the
     gradient reaches every replayed expert, also those the native top-k would not pick (B4).
     Fully replayed batches skip the top-k entirely, which makes replay cheaper than routing.
-    ``native_ids_TK`` saves the top-k when the caller already computed it. Ids are checked by
-    the caller (the controller validates them once per micro-batch).
+    ``native_ids_TK`` saves the top-k when the caller already computed it; without it,
+    ``native_rows_N`` (the rows outside the mask, ``(~replay_mask_T).nonzero()``) limits the
+    native top-k to those rows (R3 leaves one row per sequence native). Ids are checked by the
+    caller (the controller validates them once per micro-batch).
     """
     if target_ids_TK is None:
         return native_topk(scores_TE, k, values_TE=values_TE)
     source_TE = scores_TE if values_TE is None else values_TE
     ids_TK = target_ids_TK.to(device=scores_TE.device, dtype=torch.int64, non_blocking=True)
+    if replay_mask_T is not None and native_ids_TK is None and native_rows_N is not None:
+        if native_rows_N.numel():
+            with torch.no_grad():  # off the graph, as native_ids: recompute saves the same
+                rows_N = native_rows_N.to(scores_TE.device, non_blocking=True)
+                native_NK = torch.topk(scores_TE.index_select(0, rows_N), k, dim=-1).indices
+                ids_TK = ids_TK.index_copy(0, rows_N, native_NK)
+        return TopK(source_TE.gather(-1, ids_TK), ids_TK)
     if replay_mask_T is not None:
         if native_ids_TK is None:
             native_ids_TK = native_ids(scores_TE, k)

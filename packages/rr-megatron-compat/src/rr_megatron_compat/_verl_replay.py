@@ -87,7 +87,8 @@ class _Chunk:
         config: Any = getattr(walked[0][1] if walked else module, "config", None)
         experts = int(getattr(config, "num_moe_experts", None) or 1)
         topk = int(getattr(walked[0][1], "topk", 1)) if walked else 1
-        self.controller = ReplayController(num_experts=experts, top_k=topk)
+        # verl's API has no place to read agreement: skip measuring it (a native top-k per layer)
+        self.controller = ReplayController(num_experts=experts, top_k=topk, measure_agreement=False)
         attach(self.controller, module)
         self.layers = self.controller.layer_numbers
         self.views = [view_of(router) for _, router in walked]
