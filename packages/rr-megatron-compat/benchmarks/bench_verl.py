@@ -492,6 +492,8 @@ def run_step(verl: Verl, args: argparse.Namespace) -> dict[str, Any]:
         "rr_dropin": build(shape, None, args.expert_tree),
         "rr_api": build(shape, None, args.expert_tree),
     }
+    for model in models.values():  # one set of weights: every side routes the same tokens
+        model.load_state_dict(models["off"].state_dict())
     lengths = lengths_of(args.step_tokens, 2)
     g = torch.Generator().manual_seed(5)
     batches, ids = [], []
