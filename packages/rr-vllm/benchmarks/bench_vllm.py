@@ -29,17 +29,20 @@ from rr_vllm import decode_vllm_batch, decode_vllm_output, to_trainer_layout, va
 LAYERS, EXPERTS, TOP_K = 48, 128, 8
 
 
-def requests(samples: int, tokens: int) -> list[Any]:
-    """Duck-typed vLLM 0.22+ outputs: a quarter prompt, the rest generated, T-1 rows each."""
+def requests(samples: int, tokens: int, *, vary: bool = False) -> list[Any]:
+    """Duck-typed vLLM 0.22+ outputs: a quarter prompt, the rest generated, T-1 rows each;
+    ``vary`` makes sample i ``i % 64`` tokens shorter (verl stacks equal lengths into a dense
+    tensor, not a jagged one)."""
     rng = np.random.default_rng(0)
     base = np.argsort(rng.random((257, EXPERTS)), axis=1)[:, :TOP_K].astype(np.uint8)
     p = tokens // 4
     out = []
     for i in range(samples):
-        pick = rng.integers(0, len(base), size=(tokens - 1, LAYERS))
+        t = tokens - i % 64 if vary else tokens
+        pick = rng.integers(0, len(base), size=(t - 1, LAYERS))
         completion = SimpleNamespace(
             index=0,
-            token_ids=list(range(tokens - p)),
+            token_ids=list(range(t - p)),
             routed_experts=base[pick],
             finish_reason="length",
         )

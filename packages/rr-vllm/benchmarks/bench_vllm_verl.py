@@ -16,52 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import warnings
-from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
+
+# the rollout capture and the timer of the assembly benchmark next to this file
+from bench_vllm import EXPERTS, LAYERS, TOP_K, best, requests
 
 from rr_core import CODECS, RouteMeta
 from rr_vllm import decode_vllm_batch, pack_batch_for_verl, to_verl_nested
-
-LAYERS, EXPERTS, TOP_K = 48, 128, 8
-
-
-def requests(samples: int, tokens: int) -> list[Any]:
-    """Duck-typed vLLM 0.22+ outputs of ``tokens - i % 64`` tokens (verl stacks equal lengths
-    into a dense tensor, not a jagged one): a quarter prompt, the rest generated, T-1 rows."""
-    rng = np.random.default_rng(0)
-    base = np.argsort(rng.random((257, EXPERTS)), axis=1)[:, :TOP_K].astype(np.uint8)
-    p = tokens // 4
-    out = []
-    for i in range(samples):
-        t = tokens - i % 64
-        pick = rng.integers(0, len(base), size=(t - 1, LAYERS))
-        completion = SimpleNamespace(
-            index=0,
-            token_ids=list(range(t - p)),
-            routed_experts=base[pick],
-            finish_reason="length",
-        )
-        out.append(
-            SimpleNamespace(
-                request_id=str(i), prompt_token_ids=list(range(p)), outputs=[completion]
-            )
-        )
-    return out
-
-
-def best(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def verl_functions() -> tuple[Any, Any] | None:
@@ -86,7 +50,7 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
         layer_axis="all_layers",
         layer_numbers=tuple(range(1, LAYERS + 1)),
     )
-    reqs = requests(samples, tokens)
+    reqs = requests(samples, tokens, vary=True)
     prompts = [len(r.prompt_token_ids) for r in reqs]
     result: dict[str, Any] = {
         "samples": samples,
