@@ -186,16 +186,14 @@ def align_r3_router_replay_data(
 
 def build_r3_replay_mask(input_ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Jagged bool mask on ``input_ids``' rows: every row of a sequence with a response except
-    its last (the engine routed no last sampled token); sequences without a response stay
-    native."""
+    its last (:func:`rr_core.replay_mask_for_lengths`: the engine routed no last sampled
+    token); sequences without a response stay native."""
     if not input_ids.is_nested:
         raise AlignmentError("build_r3_replay_mask takes jagged (nested) input_ids")
     starts = offsets(input_ids)
     lengths = starts.diff()
-    has_response = (response_mask.sum(dim=-1) > 0).to(lengths.device)
-    mask = torch.repeat_interleave(has_response, lengths)
-    last = starts[1:][lengths > 0] - 1
-    mask[last] = False
+    mask = rr_core.replay_mask_for_lengths(lengths, missing_last=True)
+    mask &= torch.repeat_interleave((response_mask.sum(dim=-1) > 0).to(mask.device), lengths)
     return torch.nested.nested_tensor_from_jagged(mask, starts)
 
 
