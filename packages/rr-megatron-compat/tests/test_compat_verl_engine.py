@@ -32,6 +32,8 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 if REASON is None:
     from rr_fakes.verl import (
+        BATCHINGS,
+        LENGTHS,
         PROMPTS,
         RESPONSES,
         build_verl_chunks,
@@ -47,13 +49,6 @@ if REASON is None:
         verl_cpu,
         verl_engine,
     )
-
-LENGTHS = [p + r for p, r in zip((3, 5, 2, 4), (4, 2, 6, 3), strict=True)]
-BATCHING = {
-    "one": {"micro_batch_size": 4},  # one micro-batch
-    "per_sequence": {"micro_batch_size": 1},  # four: THD batch size 1, logits a view
-    "dynamic": {"max_token_len": 12},  # verl's dynamic batch size (reorders sequences)
-}
 
 
 @contextmanager
@@ -93,7 +88,7 @@ def run_r2(
         layers = [r.layer_number for r in routers(chunks)]
 
         def batch(**kw: Any) -> Any:
-            return verl_batch(PROMPTS, RESPONSES, cfg.vocab_size, **BATCHING[kind], **kw)
+            return verl_batch(PROMPTS, RESPONSES, cfg.vocab_size, **BATCHINGS[kind], **kw)
 
         with route_log(chunks) as native:
             record = run_step(engine, batch(enable_routing_replay=True), forward_only=True)
@@ -161,7 +156,7 @@ def run_r3(kind: str, recompute: bool, freq: Any, all_layers: bool, *, rr: bool)
             PROMPTS,
             RESPONSES,
             cfg.vocab_size,
-            **BATCHING[kind],
+            **BATCHINGS[kind],
             routed_experts=routes,
             enable_routing_replay=True,
         )

@@ -14,6 +14,8 @@ import torch
 
 from rr_fakes.megatron import ParallelSizes, launch, model_parallel
 from rr_fakes.verl import (
+    BATCHINGS,
+    LENGTHS,
     PROMPTS,
     RESPONSES,
     build_verl_chunks,
@@ -35,14 +37,6 @@ from rr_fakes.verl import (
 config = tiny_config
 
 
-def batching(kind: str) -> dict[str, int]:
-    return {
-        "one": {"micro_batch_size": len(PROMPTS)},
-        "per_sequence": {"micro_batch_size": 1},
-        "dynamic": {"max_token_len": 12},
-    }[kind]
-
-
 # -- (a) replay disabled -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kind", "recompute"), [("one", False), ("per_sequence", True), ("dynamic", True)]
@@ -54,12 +48,10 @@ def test_disabled_runs_verls_forward_backward_with_finite_logprobs_and_grads(
         cfg = config(recompute=recompute, freq=[0, 1, 1, 1])
         chunks = build_verl_chunks(cfg, mode="disabled")
         engine = verl_engine(chunks, mode="disabled")
-        data = verl_batch(PROMPTS, RESPONSES, cfg.vocab_size, **batching(kind))
+        data = verl_batch(PROMPTS, RESPONSES, cfg.vocab_size, **BATCHINGS[kind])
         out = run_step(engine, data, forward_only=False)
         log_probs = out["model_output"]["log_probs"]
-        assert log_probs.offsets().diff().tolist() == [
-            p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)
-        ]
+        assert log_probs.offsets().diff().tolist() == list(LENGTHS)
         assert torch.isfinite(log_probs.values()).all()
         assert (log_probs.values() <= 0).all()
         assert len(out["loss"]) == {"one": 1, "per_sequence": 4, "dynamic": len(out["loss"])}[kind]
@@ -101,7 +93,7 @@ def test_R2_record_then_replay_is_exact(kind: str, recompute: bool, freq: Any) -
         layers = [r.layer_number for r in routers(chunks)]
 
         def batch(**kw: Any) -> Any:
-            return verl_batch(PROMPTS, RESPONSES, cfg.vocab_size, **batching(kind), **kw)
+            return verl_batch(PROMPTS, RESPONSES, cfg.vocab_size, **BATCHINGS[kind], **kw)
 
         with route_log(chunks) as native:
             record = run_step(engine, batch(enable_routing_replay=True), forward_only=True)
@@ -109,9 +101,7 @@ def test_R2_record_then_replay_is_exact(kind: str, recompute: bool, freq: Any) -
         assert routes.dtype == torch.int16
         assert routes.shape[0] == len(PROMPTS)
         assert routes.shape[-2:] == (len(layers), cfg.top_k)
-        assert routes.offsets().diff().tolist() == [
-            p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)
-        ]
+        assert routes.offsets().diff().tolist() == list(LENGTHS)
         if kind != "dynamic":  # dynamic batching reorders the packed rows
             for layer in layers:
                 recorded = packed(routes, moe_column(tf, layer, len(layers)))
@@ -164,21 +154,21 @@ def test_R2_one_and_several_microbatches_agree_under_recompute() -> None:
             }
             routes = run_step(
                 engine,
-                verl_batch(**batch, **batching(kind), enable_routing_replay=True),
+                verl_batch(**batch, **BATCHINGS[kind], enable_routing_replay=True),
                 forward_only=True,
             )["model_output"]["routed_experts"]
             perturb(chunks)
             out = run_step(
                 engine,
                 verl_batch(
-                    **batch, **batching(kind), routed_experts=routes, enable_routing_replay=True
+                    **batch, **BATCHINGS[kind], routed_experts=routes, enable_routing_replay=True
                 ),
                 forward_only=False,
             )
             grads = torch.cat([r.weight.grad.flatten() for r in routers(chunks)])
             results.append((out["model_output"]["log_probs"].values(), grads))
     (lp1, g1), (lp4, g4) = results
-    ends = torch.tensor([p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)]).cumsum(0) - 1
+    ends = torch.tensor(list(LENGTHS)).cumsum(0) - 1
     used = torch.ones(lp1.shape[0], dtype=torch.bool)
     used[ends] = False
     torch.testing.assert_close(lp1[used], lp4[used], rtol=1e-5, atol=1e-5)
@@ -206,13 +196,13 @@ def test_R3_replays_rollout_routes_on_every_row_but_the_last(
         engine = verl_engine(chunks, mode="R3")
         layers = [r.layer_number for r in routers(chunks)]
         columns = cfg.num_layers if all_layers else len(layers)
-        lengths = [p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+        lengths = list(LENGTHS)
         routes = rollout_routes(lengths, columns, cfg)
         data = verl_batch(
             PROMPTS,
             RESPONSES,
             cfg.vocab_size,
-            **batching(kind),
+            **BATCHINGS[kind],
             routed_experts=routes,
             enable_routing_replay=True,
         )

@@ -36,10 +36,19 @@ if TYPE_CHECKING:
         zero_grads,
     )
     from rr_fakes.verl._pipeline import pipeline_r2_rank
-    from rr_fakes.verl._tiny import PROMPTS, RECOMPUTE, RESPONSES, tiny_config
+    from rr_fakes.verl._tiny import (
+        BATCHINGS,
+        LENGTHS,
+        PROMPTS,
+        RECOMPUTE,
+        RESPONSES,
+        tiny_config,
+    )
 
 _LAZY: dict[str, str] = {
     "pipeline_r2_rank": "rr_fakes.verl._pipeline",
+    "BATCHINGS": "rr_fakes.verl._tiny",
+    "LENGTHS": "rr_fakes.verl._tiny",
     "PROMPTS": "rr_fakes.verl._tiny",
     "RECOMPUTE": "rr_fakes.verl._tiny",
     "RESPONSES": "rr_fakes.verl._tiny",
@@ -67,6 +76,8 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "BATCHINGS",
+    "LENGTHS",
     "PROMPTS",
     "RECOMPUTE",
     "RESPONSES",

@@ -9,6 +9,15 @@ from rr_fakes.megatron._gpt import TinyGPTConfig
 
 PROMPTS = (3, 5, 2, 4)
 RESPONSES = (4, 2, 6, 3)
+LENGTHS = tuple(p + r for p, r in zip(PROMPTS, RESPONSES, strict=True))
+#: ``verl_batch`` micro-batching of that batch: one micro-batch, one per sequence (THD batch
+#: size 1: the logits are a view verl divides in place), or verl's dynamic batch size
+#: (12-token budget; it reorders the sequences).
+BATCHINGS: dict[str, dict[str, int]] = {
+    "one": {"micro_batch_size": len(PROMPTS)},
+    "per_sequence": {"micro_batch_size": 1},
+    "dynamic": {"max_token_len": 12},
+}
 #: Megatron's full activation recompute, one layer per checkpoint.
 RECOMPUTE = {
     "recompute_granularity": "full",
