@@ -22,7 +22,7 @@ import torch
 from torch.utils.benchmark import Timer
 
 from rr_core import RouteBatch, RouteMeta
-from rr_core._codecs import CODECS, bytes_per_token, decode_routes, encode_routes
+from rr_core.codecs.encoding import CODECS, bytes_per_token, decode_routes, encode_routes
 
 LAYERS, EXPERTS, TOP_K = 48, 128, 8
 FLOORS = {"raw": 384.0, "packed": 336.0, "set": 246.0}

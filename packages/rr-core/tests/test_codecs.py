@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rr_core import RouteBatch, RouteMeta
-from rr_core._bitpack import (
+from rr_core.codecs.bitpack import (
     BLOCK,
     pack_bits,
     pack_fields,
@@ -21,10 +21,10 @@ from rr_core._bitpack import (
     unpack_fields,
     unpack_ids,
 )
-from rr_core._bitpack_bytes import BLOCK as BYTE_BLOCK
-from rr_core._bitpack_bytes import _decode_torch, _encode_torch, pack_byte_ids, unpack_byte_ids
-from rr_core._codec_set import rank_sets, set_width, unrank_sets
-from rr_core._codecs import (
+from rr_core.codecs.bitpack_bytes import BLOCK as BYTE_BLOCK
+from rr_core.codecs.bitpack_bytes import _decode_torch, _encode_torch, pack_byte_ids, unpack_byte_ids
+from rr_core.codecs.sets import rank_sets, set_width, unrank_sets
+from rr_core.codecs.encoding import (
     CODECS,
     EncodedRoutes,
     bytes_per_token,
@@ -32,7 +32,7 @@ from rr_core._codecs import (
     encode_routes,
     payload_bytes,
 )
-from rr_core._errors import CodecError
+from rr_core.errors import CodecError
 
 EXPERTS = (2, 8, 60, 64, 128, 160, 256, 257, 384, 512)
 
@@ -259,7 +259,7 @@ def test_packed_cpu_encoding_falls_back_to_the_reference_layout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """If numpy ever stops writing overlapping outputs in order, the self-check picks torch."""
-    from rr_core import _bitpack_bytes
+    from rr_core.codecs import bitpack_bytes as _bitpack_bytes
 
     ids = torch.randint(0, 128, (8 * 1000 + 5,), dtype=torch.uint8)
     fast = _bitpack_bytes.pack_byte_ids(ids, 7)
@@ -274,9 +274,9 @@ def test_packed_cpu_encoding_falls_back_to_the_reference_layout(
 def test_fast_set_path_matches_the_general_one(
     E: int, threads: int, torch_threads: Callable[[int], None]
 ) -> None:
-    from rr_core._codec_set import unrank_single
-    from rr_core._codec_set_fast import BLOCK as SET_BLOCK
-    from rr_core._codec_set_fast import fast_shape, rank_fast, unrank_fast
+    from rr_core.codecs.sets import unrank_single
+    from rr_core.codecs.sets_fast import BLOCK as SET_BLOCK
+    from rr_core.codecs.sets_fast import fast_shape, rank_fast, unrank_fast
 
     assert fast_shape(E, 8, torch.uint8, torch.device("cpu"))
     rng = np.random.default_rng(E)
@@ -305,9 +305,9 @@ def test_threaded_set_encoding_writes_the_reference_stream(
 ) -> None:
     """Two threads pack their ranges in any order; each range's last block carries the low
     bits of the next range's first rank, so the stream is the serial one bit for bit."""
-    from rr_core._bitpack_words import WordPacker
-    from rr_core._codec_set_fast import BLOCK as SET_BLOCK
-    from rr_core._codec_set_fast import rank_fast
+    from rr_core.codecs.bitpack_words import WordPacker
+    from rr_core.codecs.sets_fast import BLOCK as SET_BLOCK
+    from rr_core.codecs.sets_fast import rank_fast
 
     rng = np.random.default_rng(E)
     R = 3 * SET_BLOCK + 13
@@ -329,7 +329,7 @@ def test_threaded_set_encoding_writes_the_reference_stream(
 
 def test_set_codec_falls_back_when_casts_drop_low_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """If numpy's narrowing casts ever stop keeping the low bits, the general path decodes."""
-    from rr_core import _codec_set_fast
+    from rr_core.codecs import sets_fast as _codec_set_fast
 
     assert _codec_set_fast._low_bytes_cast()
     batch = random_batch(np.random.default_rng(7), 128, 8, lengths=[40, 30], layers=5)
@@ -348,8 +348,8 @@ def test_set_codec_falls_back_when_casts_drop_low_bytes(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("width", [32, 33, 40, 41, 44, 49, 55, 56])
 def test_word_streams_match_the_field_streams(width: int) -> None:
-    from rr_core._bitpack_words import BLOCK as WORD_BLOCK
-    from rr_core._bitpack_words import covers, pack_words, unpack_words
+    from rr_core.codecs.bitpack_words import BLOCK as WORD_BLOCK
+    from rr_core.codecs.bitpack_words import covers, pack_words, unpack_words
 
     assert covers(width, torch.device("cpu"))
     rng = np.random.default_rng(width)
@@ -369,8 +369,8 @@ def test_word_streams_match_the_field_streams(width: int) -> None:
 def test_fast_unranking_at_every_threshold(E: int) -> None:
     """Ranks next to every ``C(c, k)`` and to sums of them: each bucket, threshold compare and
     the last-ids table agree with the general unranking."""
-    from rr_core._codec_set import unrank_single
-    from rr_core._codec_set_fast import _last_ids, unrank_fast
+    from rr_core.codecs.sets import unrank_single
+    from rr_core.codecs.sets_fast import _last_ids, unrank_fast
 
     m, last = _last_ids(E)
     assert m == (3 if E <= 185 else 2)
@@ -397,7 +397,7 @@ def test_set_codec_with_a_single_set_costs_nothing() -> None:
 
 
 def test_fast_set_decoding_reports_a_corrupt_rank_in_any_block() -> None:
-    from rr_core._codec_set_fast import BLOCK as SET_BLOCK
+    from rr_core.codecs.sets_fast import BLOCK as SET_BLOCK
 
     E, N = 128, 2 * SET_BLOCK + 9
     meta = RouteMeta(num_experts=E, top_k=8, layer_axis="moe_layers", layer_numbers=(1,))
@@ -426,7 +426,7 @@ def test_fast_set_decoding_reports_a_corrupt_rank_in_any_block() -> None:
 @pytest.mark.parametrize("E", [16, 60, 128, 185, 186, 256])
 def test_fast_set_payloads_match_the_general_path(E: int) -> None:
     """uint8 ids take the fast path (ranks packed block by block); int64 ids the general one."""
-    from rr_core._codec_set_fast import BLOCK as SET_BLOCK
+    from rr_core.codecs.sets_fast import BLOCK as SET_BLOCK
 
     rng = np.random.default_rng(E)
     general = random_batch(rng, E, 8, lengths=[SET_BLOCK // 3 + 5, 7], layers=4, valid_share=0.9)
@@ -439,8 +439,8 @@ def test_fast_set_payloads_match_the_general_path(E: int) -> None:
 @pytest.mark.parametrize("E", [8, 60, 128, 160, 256])
 def test_fast_unrank_tables_step_one_bucket_past_a_threshold(E: int) -> None:
     """``bucket + (rank >= thr)`` indexes the same entry as the general ``2 * bucket + ...``."""
-    from rr_core._codec_set import _greedy_cpu
-    from rr_core._codec_set_fast import _unrank_tables
+    from rr_core.codecs.sets import _greedy_cpu
+    from rr_core.codecs.sets_fast import _unrank_tables
 
     for (shift, thr, packed), k in zip(_unrank_tables(E), range(8, 0, -1), strict=False):
         bits, thr_ref, sub, val = _greedy_cpu(E, k)

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rr_core import _idcheck_words
-from rr_core._idcheck import column_flags, row_flags
+from rr_core.routes import idcheck_words as _idcheck_words
+from rr_core.routes.idcheck import column_flags, row_flags
 
 
 def naive(ids_RK: torch.Tensor, num_experts: int) -> list[tuple[bool, bool, bool]]:

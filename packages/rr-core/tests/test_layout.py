@@ -12,8 +12,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rr_core._errors import LayoutError
-from rr_core._layout import (
+from rr_core.errors import LayoutError
+from rr_core.layout.pipeline import (
     LayoutConfig,
     dense_layer_numbers,
     is_moe_layer,
@@ -29,7 +29,7 @@ from rr_core._layout import (
     stage_of_layer,
     virtual_stage_layer_counts,
 )
-from rr_core._layout_axis import (
+from rr_core.layout.axis import (
     all_layers_to_moe_layers,
     axis_length,
     moe_layers_to_all_layers,

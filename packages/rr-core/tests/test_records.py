@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from rr_core import ReplayController, ReplayMode, RouteBatch
-from rr_core._errors import RecordFileError
-from rr_core._records import load_routes, read_header, read_record, save_routes
-from rr_core._shards import RouteIndex, load_samples, take_sequences, write_index, write_shard
+from rr_core.errors import RecordFileError
+from rr_core.records.file import load_routes, read_header, read_record, save_routes
+from rr_core.records.shards import RouteIndex, load_samples, take_sequences, write_index, write_shard
 from test_codecs import random_batch
 
 from rr_core_testing import TinyModel
@@ -73,8 +73,8 @@ _WRITER = textwrap.dedent(
     """
     import os, signal, sys
     import numpy as np
-    from rr_core import _atomic
-    from rr_core._records import save_routes
+    from rr_core.records import atomic as _atomic
+    from rr_core.records.file import save_routes
     from test_codecs import random_batch
 
     path, point = sys.argv[1], sys.argv[2]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from rr_core import _cli
-from rr_core._records import load_routes, read_header, save_routes
-from rr_core._shards import write_index, write_shard
+from rr_core.cli import main as _cli
+from rr_core.records.file import load_routes, read_header, save_routes
+from rr_core.records.shards import write_index, write_shard
 from test_codecs import random_batch
 
 

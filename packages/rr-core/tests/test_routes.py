@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rr_core._axis import LayerAxis
-from rr_core._errors import LayoutError, RouteValidationError
-from rr_core._routes import RouteBatch, RouteMeta, narrow_ids, narrowest_dtype
+from rr_core.routes.axis import LayerAxis
+from rr_core.errors import LayoutError, RouteValidationError
+from rr_core.routes.batch import RouteBatch, RouteMeta, narrow_ids, narrowest_dtype
 
 LAYER_AXES_: tuple[LayerAxis, ...] = ("all_layers", "moe_layers")
 EXPERT_COUNTS = (2, 8, 60, 64, 128, 160, 256, 257, 384, 512)
@@ -504,7 +504,7 @@ def test_padded_length_errors() -> None:
 def test_validation_in_blocks_reports_global_rows_and_total_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import rr_core._validate_ids as validate_ids
+    import rr_core.routes.validate_ids as validate_ids
 
     monkeypatch.setattr(validate_ids, "_BLOCK_IDS", 12)  # two rows per block
     RouteBatch(_good(7), [0, 2, 7], None, _meta())

@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rr_core import native_topk, replay_topk, same_sets_T
+from rr_core import native_topk, replay_topk
+from rr_core.replay.topk import same_sets_T
 
 
 @settings(max_examples=60, deadline=None)

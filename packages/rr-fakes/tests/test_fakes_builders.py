@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rr_core import ReplayController, ReplayMode, find_orphans, walk_routers
-from rr_core._layout import LayoutConfig, stage_layer_numbers
+from rr_core.layout.pipeline import LayoutConfig, stage_layer_numbers
 from rr_fakes._builders import (
     FakeModelConfig,
     build_hybrid_model,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import rr_core
+from rr_core.replay.controller import attached_router_count
 from rr_fakes._rollout import RolloutEmulator, record_routes
 from rr_fakes._tiny_moe import build_tiny_moe
 from rr_fakes.engines import VllmEra
@@ -37,7 +38,7 @@ def test_greedy_rollout_matches_trainer_without_noise(model: torch.nn.Module) ->
     trainer = record_routes(model, rollout.token_ids, num_experts=E, top_k=K)
     assert trainer.shape == (p + g, LAYERS, K)
     assert np.array_equal(rollout.routes_TLK, trainer[:-1])
-    assert rr_core.attached_router_count() == 0
+    assert attached_router_count() == 0
 
 
 def test_noise_perturbs_some_routes_but_keeps_them_valid(model: torch.nn.Module) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import rr_core
+from rr_core.replay.controller import attached_router_count
 from rr_fakes.megatron import unavailable_reason
 
 HERE = Path(__file__).parent
@@ -32,12 +32,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _no_leaked_patches() -> Iterator[None]:
     """Fail a test that leaves rr's Megatron hooks installed or routers attached (under xdist
     one worker runs many tests: a leaked hook would change what later tests observe)."""
-    before = rr_core.attached_router_count()
+    before = attached_router_count()
     yield
     from rr_megatron_compat._install import installed_hooks
 
     hooks = installed_hooks()
-    leaked = rr_core.attached_router_count() - before
+    leaked = attached_router_count() - before
     if hooks:
         from rr_megatron_compat import uninstall
 

@@ -33,8 +33,8 @@ from rr_core import (
     layer_offset,
     moe_pattern,
     num_layers_to_build,
-    virtual_stage_layer_counts,
 )
+from rr_core.layout.pipeline import virtual_stage_layer_counts
 from rr_fakes.megatron import unavailable_reason
 from rr_megatron_compat._layout import layout_config, parse_moe_layer_freq
 

@@ -34,7 +34,7 @@ def test_rr_demo_json_has_the_documented_keys() -> None:
     newest = MEGATRON_LINES[list(MEGATRON_LINES)[-1]][0]
     if version("megatron-core") != newest:
         pytest.skip(f"rr demo runs on megatron-core {newest}")
-    code = "import sys; from rr_core._cli import main; sys.exit(main(['demo', '--json']))"
+    code = "import sys; from rr_core.cli.main import main; sys.exit(main(['demo', '--json']))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)

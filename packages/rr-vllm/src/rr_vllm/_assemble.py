@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rr_core import AlignmentError, RouteBatch, narrowest_dtype
-from rr_core._alloc import zeros
+from rr_core.buffers import zeros
 from rr_vllm._decode import SampleRoutes
 
 

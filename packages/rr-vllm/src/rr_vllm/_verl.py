@@ -42,8 +42,14 @@ from rr_core import (
     decode_routes,
     encode_routes,
 )
-from rr_core._alloc import zeros
-from rr_core._codecs import _decode_payload, check_codec, pack_valid, payload_bytes, unpack_valid
+from rr_core.buffers import zeros
+from rr_core.codecs.encoding import (
+    _decode_payload,
+    check_codec,
+    pack_valid,
+    payload_bytes,
+    unpack_valid,
+)
 from rr_vllm._assemble import to_trainer_layout, truncate_response
 from rr_vllm._decode import SampleRoutes
 from rr_vllm._errors import EngineOutputError

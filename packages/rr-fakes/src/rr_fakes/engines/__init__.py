@@ -3,34 +3,6 @@ HTTP base64 ``.npy`` form, SGLang's ``meta_info`` and knobs for the capture fail
 the field. Built from prompt ids, generated ids and all-layers routes; see ``vllm-facts.md``.
 """
 
-from __future__ import annotations
+import lazy_loader
 
-from rr_fakes.engines._eras import VllmEra, era_dtype, era_of
-from rr_fakes.engines._faults import NO_FAULTS, Faults
-from rr_fakes.engines._objects import CompletionOutput, RequestOutput, real_vllm_outputs
-from rr_fakes.engines._vllm import BlockObjectStoreError, vllm_request_output
-from rr_fakes.engines._wire import (
-    decode_npy_base64,
-    decode_sglang_routes,
-    encode_npy_base64,
-    sglang_response,
-    vllm_http_response,
-)
-
-__all__ = [
-    "NO_FAULTS",
-    "BlockObjectStoreError",
-    "CompletionOutput",
-    "Faults",
-    "RequestOutput",
-    "VllmEra",
-    "decode_npy_base64",
-    "decode_sglang_routes",
-    "encode_npy_base64",
-    "era_dtype",
-    "era_of",
-    "real_vllm_outputs",
-    "sglang_response",
-    "vllm_http_response",
-    "vllm_request_output",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from torch import nn
 
-from rr_core._errors import WalkError
+from rr_core.errors import WalkError
 
 RouterPredicate = Callable[[nn.Module], bool]
 

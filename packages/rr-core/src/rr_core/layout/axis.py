@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from rr_core._axis import LAYER_AXES, LayerAxis
-from rr_core._errors import LayoutError
-from rr_core._layout import (
+from rr_core.errors import LayoutError
+from rr_core.layout.pipeline import (
     LayoutConfig,
     layer_offset,
     moe_ordinals_of_stage,
@@ -20,6 +19,7 @@ from rr_core._layout import (
     num_layers_to_build,
     num_moe_layers,
 )
+from rr_core.routes.axis import LAYER_AXES, LayerAxis
 
 
 def axis_length(cfg: LayoutConfig, axis: LayerAxis) -> int:
@@ -59,7 +59,7 @@ def moe_layers_to_all_layers(
     """Spread a ``moe_layers`` tensor onto the ``all_layers`` axis, dense slots set to ``fill``.
 
     ``fill`` is only a placeholder: dense slots carry no route, and callers that need to tell them
-    apart use :func:`~rr_core._layout.moe_pattern` rather than the fill value.
+    apart use :func:`~rr_core.layout.pipeline.moe_pattern` rather than the fill value.
     """
     _check_axis(routes_TMK, cfg, "moe_layers", "routes_TMK")
     shape = (*routes_TMK.shape[:-2], cfg.num_layers, routes_TMK.shape[-1])

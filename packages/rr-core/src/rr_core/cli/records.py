@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from rr_core._records import RecordHeader
-    from rr_core._routes import RouteBatch
+    from rr_core.records.file import RecordHeader
+    from rr_core.routes.batch import RouteBatch
 
 _BARS = " ▁▂▃▄▅▆▇█"
 _COLUMNS = 64
@@ -44,7 +44,7 @@ def load_bars(load_E: list[int]) -> str:
 
 
 def _summary(header: RecordHeader, batch: RouteBatch, payload: int) -> dict[str, Any]:
-    from rr_core._codecs import CODECS, bytes_per_token
+    from rr_core.codecs.encoding import CODECS, bytes_per_token
 
     m = header.meta
     valid = int(batch.valid_N.sum())
@@ -73,8 +73,8 @@ def _summary(header: RecordHeader, batch: RouteBatch, payload: int) -> dict[str,
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from rr_core._errors import RRError
-    from rr_core._records import load_routes, read_record
+    from rr_core.errors import RRError
+    from rr_core.records.file import load_routes, read_record
 
     try:
         header, enc = read_record(args.file)
@@ -142,15 +142,15 @@ def _convert(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from rr_core._codecs import (
+    from rr_core.codecs.encoding import (
         EncodedRoutes,
         check_codec,
         decode_routes,
         encode_payload,
         pack_valid,
     )
-    from rr_core._errors import RRError
-    from rr_core._records import read_record, save_routes
+    from rr_core.errors import RRError
+    from rr_core.records.file import read_record, save_routes
 
     try:
         codec = check_codec(args.codec)
@@ -193,9 +193,9 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from rr_core._errors import RRError
-    from rr_core._records import load_routes
-    from rr_core._shards import RouteIndex
+    from rr_core.errors import RRError
+    from rr_core.records.file import load_routes
+    from rr_core.records.shards import RouteIndex
 
     path = Path(args.file)
     try:

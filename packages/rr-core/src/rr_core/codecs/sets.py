@@ -17,8 +17,8 @@ from functools import lru_cache
 
 import torch
 
-from rr_core._bitpack import MASK32, limbs_for
-from rr_core._errors import CodecError
+from rr_core.codecs.bitpack import MASK32, limbs_for
+from rr_core.errors import CodecError
 
 MAX_TABLE_BYTES = 64 << 20
 _SINGLE_LIMIT = 1 << 62  # ranks below this are summed as plain int64

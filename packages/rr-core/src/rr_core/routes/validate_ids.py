@@ -2,7 +2,7 @@
 
 Shape legend: N total token rows, R rows of one block, B sequences, L layer slots, M MoE slots,
 K top-k. Rows are scanned in blocks of about ``_BLOCK_IDS`` ids. Each block's per-row flags are
-computed where the ids live (:func:`rr_core._idcheck.row_flags`, one flag per row and slot, so
+computed where the ids live (:func:`rr_core.routes.idcheck.row_flags`, one flag per row and slot, so
 only 1/K of the ids' count crosses to the host); masks, counts and per-sequence reductions run on
 the host in numpy, several times faster on CPU than torch's boolean reductions.
 """
@@ -16,11 +16,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rr_core._errors import RouteValidationError
-from rr_core._idcheck import row_flags
+from rr_core.errors import RouteValidationError
+from rr_core.routes.idcheck import row_flags
 
 if TYPE_CHECKING:
-    from rr_core._routes import RouteMeta
+    from rr_core.routes.batch import RouteMeta
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.intp]

@@ -1,5 +1,5 @@
 """Checks on the structure of route data (tensors, dtypes, meta, offsets, padding); the id
-checks are in :mod:`rr_core._validate_ids`.
+checks are in :mod:`rr_core.routes.validate_ids`.
 
 Shape legend: N total token rows, B sequences, S padded length, L layer slots, K top-k.
 """
@@ -14,11 +14,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rr_core._axis import LAYER_AXES
-from rr_core._errors import LayoutError, RouteValidationError
+from rr_core.errors import LayoutError, RouteValidationError
+from rr_core.routes.axis import LAYER_AXES
 
 if TYPE_CHECKING:
-    from rr_core._routes import RouteMeta
+    from rr_core.routes.batch import RouteMeta
 
 ArrayLike = torch.Tensor | npt.NDArray[Any]
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from rr_core._atomic import atomic_write
-from rr_core._codecs import DEFAULT_CODEC, decode_routes
-from rr_core._errors import RecordFileError, RRError
-from rr_core._records import PathLike, SampleId, read_header, read_record, save_routes
-from rr_core._routes import RouteBatch, cat_rows
+from rr_core.codecs.encoding import DEFAULT_CODEC, decode_routes
+from rr_core.errors import RecordFileError, RRError
+from rr_core.records.atomic import atomic_write
+from rr_core.records.file import PathLike, SampleId, read_header, read_record, save_routes
+from rr_core.routes.batch import RouteBatch, cat_rows
 
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "rr-routes-index"

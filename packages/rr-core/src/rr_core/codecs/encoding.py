@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from rr_core._bitpack import (
+from rr_core.codecs.bitpack import (
     pack_bits,
     pack_fields,
     pack_ids,
@@ -33,12 +33,12 @@ from rr_core._bitpack import (
     unpack_fields,
     unpack_ids,
 )
-from rr_core._bitpack_bytes import pack_byte_ids, unpack_byte_ids
-from rr_core._bitpack_words import WordPacker, WordUnpacker, covers, pack_words, unpack_words
-from rr_core._codec_set import rank_sets, set_width, single_rank, unrank_sets, unrank_single
-from rr_core._codec_set_fast import fast_shape, rank_fast, unrank_fast, unrank_from
-from rr_core._errors import CodecError
-from rr_core._routes import RouteBatch, RouteMeta, narrowest_dtype
+from rr_core.codecs.bitpack_bytes import pack_byte_ids, unpack_byte_ids
+from rr_core.codecs.bitpack_words import WordPacker, WordUnpacker, covers, pack_words, unpack_words
+from rr_core.codecs.sets import rank_sets, set_width, single_rank, unrank_sets, unrank_single
+from rr_core.codecs.sets_fast import fast_shape, rank_fast, unrank_fast, unrank_from
+from rr_core.errors import CodecError
+from rr_core.routes.batch import RouteBatch, RouteMeta, narrowest_dtype
 
 CodecName = Literal["raw", "packed", "set"]
 CODECS: tuple[CodecName, ...] = ("raw", "packed", "set")

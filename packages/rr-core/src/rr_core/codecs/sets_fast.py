@@ -1,5 +1,5 @@
 """A CPU fast path of the set codec for top-8 uint8 ids (``E <= 256``), bit-identical to
-:mod:`rr_core._codec_set`.
+:mod:`rr_core.codecs.sets`.
 
 Shape legend: R (token, MoE layer) pairs, B rows of one block, K = 8 top-k, E experts.
 
@@ -28,8 +28,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from rr_core._codec_set import _greedy_cpu
 from rr_core._threads import over_ranges
+from rr_core.codecs.sets import _greedy_cpu
 
 Put = Callable[[int, np.ndarray, int], object]  # (first row, int64 ranks as uint64, next rank)
 Get = Callable[[int, np.ndarray], object]  # (first row, an int64 block to fill, as uint64)

@@ -15,9 +15,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from rr_core._axis import LAYER_AXES, LayerAxis
-from rr_core._errors import LayoutError, RouteValidationError
-from rr_core._validate import (
+from rr_core.errors import LayoutError, RouteValidationError
+from rr_core.routes.axis import LAYER_AXES, LayerAxis
+from rr_core.routes.validate import (
     ArrayLike,
     as_bool,
     as_int_tensor,
@@ -26,7 +26,7 @@ from rr_core._validate import (
     check_padded,
     check_structure,
 )
-from rr_core._validate_ids import check_ids
+from rr_core.routes.validate_ids import check_ids
 
 PaddingSide = Literal["left", "right"]
 

@@ -21,8 +21,8 @@ import functools
 import numpy as np
 import torch
 
-from rr_core._alloc import empty
-from rr_core._bitpack import pack_bits, stream_bytes, unpack_bits
+from rr_core.buffers import empty
+from rr_core.codecs.bitpack import pack_bits, stream_bytes, unpack_bits
 
 BLOCK = 1 << 15  # words per block: the temporaries stay in cache
 _U64 = np.uint64

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from rr_core._errors import AlignmentError, RouteValidationError
-from rr_core._validate import ArrayLike, as_int_tensor, is_integer_dtype
+from rr_core.errors import AlignmentError, RouteValidationError
+from rr_core.routes.validate import ArrayLike, as_int_tensor, is_integer_dtype
 
 
 def _routes_3d(routes: ArrayLike, what: str) -> torch.Tensor:

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from rr_core._atomic import atomic_write
-from rr_core._codecs import DEFAULT_CODEC, EncodedRoutes, decode_routes, encode_routes
-from rr_core._errors import RecordFileError, RRError
-from rr_core._routes import RouteBatch, RouteMeta
+from rr_core.codecs.encoding import DEFAULT_CODEC, EncodedRoutes, decode_routes, encode_routes
+from rr_core.errors import RecordFileError, RRError
+from rr_core.records.atomic import atomic_write
+from rr_core.routes.batch import RouteBatch, RouteMeta
 
 FORMAT = "rr-routes"
 FORMAT_VERSION = "1"

@@ -2,7 +2,7 @@
 
 Shape legend: R fields, G groups of 8 fields (``width`` bytes each), P bytes of stream.
 
-The stream is :func:`rr_core._bitpack.pack_fields`'s: field i occupies stream bits
+The stream is :func:`rr_core.codecs.bitpack.pack_fields`'s: field i occupies stream bits
 ``[i * width, (i + 1) * width)``, least significant bit first. Field i starts in byte
 ``o_i = i * width // 8`` at bit ``s_i = i * width % 8``, and 8 fields end on a byte boundary, so
 both repeat every group. The little-endian word at byte ``o_i`` holds the top ``s_i`` bits of

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from rr_core._errors import ReplayError
-from rr_core._idcheck import row_flags
+from rr_core.errors import ReplayError
+from rr_core.routes.idcheck import row_flags
 
 
 def check_target_ids(

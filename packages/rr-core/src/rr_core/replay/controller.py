@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from rr_core._errors import ReplayError, RRWarning
-from rr_core._routes import RouteBatch
-from rr_core._targets import check_target_ids
-from rr_core._topk import TopK, native_ids, native_topk, replay_topk, same_sets_T
-from rr_core._walk import RouterPredicate, decoder_scope, is_router_by_name, walk_routers
+from rr_core.errors import ReplayError, RRWarning
+from rr_core.replay.targets import check_target_ids
+from rr_core.replay.topk import TopK, native_ids, native_topk, replay_topk, same_sets_T
+from rr_core.replay.walk import RouterPredicate, decoder_scope, is_router_by_name, walk_routers
+from rr_core.routes.batch import RouteBatch
 
 #: The micro-batch a forward belongs to when no :meth:`ReplayController.microbatch` is open.
 DEFAULT_MICROBATCH = 0

@@ -18,7 +18,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rr_core._errors import LayoutError
+from rr_core.errors import LayoutError
 
 
 @dataclass(frozen=True, kw_only=True)

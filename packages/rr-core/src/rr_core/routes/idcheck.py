@@ -1,7 +1,7 @@
 """Vectorised per-row checks of top-k id rows, shared by route validation and replay arming.
 
 Rows are ``[..., K]``. Byte ids on the CPU with K in {2, 4, 8} are checked a whole row-word at a
-time (:mod:`rr_core._idcheck_words`). Otherwise the K columns are first laid out contiguously
+time (:mod:`rr_core.routes.idcheck_words`). Otherwise the K columns are first laid out contiguously
 (``[K, R]``, one copy); reductions and comparisons along that layout are several times faster
 than sorting each row or reducing over a strided last dimension.
 """
@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from rr_core import _idcheck_words
+from rr_core.routes import idcheck_words as _idcheck_words
 
 
 class RowFlags(NamedTuple):

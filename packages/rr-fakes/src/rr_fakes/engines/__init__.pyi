@@ -1,0 +1,28 @@
+"""The public names of rr_fakes.engines, each listed once. ``__init__.py`` loads each name from its
+module on first use (lazy_loader)."""
+
+from ._eras import (
+    VllmEra as VllmEra,
+    era_dtype as era_dtype,
+    era_of as era_of,
+)
+from ._faults import (
+    NO_FAULTS as NO_FAULTS,
+    Faults as Faults,
+)
+from ._objects import (
+    CompletionOutput as CompletionOutput,
+    RequestOutput as RequestOutput,
+    real_vllm_outputs as real_vllm_outputs,
+)
+from ._vllm import (
+    BlockObjectStoreError as BlockObjectStoreError,
+    vllm_request_output as vllm_request_output,
+)
+from ._wire import (
+    decode_npy_base64 as decode_npy_base64,
+    decode_sglang_routes as decode_sglang_routes,
+    encode_npy_base64 as encode_npy_base64,
+    sglang_response as sglang_response,
+    vllm_http_response as vllm_http_response,
+)

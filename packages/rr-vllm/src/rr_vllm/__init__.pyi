@@ -1,0 +1,65 @@
+"""The public names of rr_vllm, each listed once. ``__init__.py`` loads each name from its
+module on first use (lazy_loader)."""
+
+from ._assemble import (
+    TrainerLayout as TrainerLayout,
+    assemble_multi_turn as assemble_multi_turn,
+    assemble_resumed as assemble_resumed,
+    flatten_completions as flatten_completions,
+    to_trainer_layout as to_trainer_layout,
+    truncate_response as truncate_response,
+    truncate_sample as truncate_sample,
+)
+from ._batch import (
+    decode_vllm_batch as decode_vllm_batch,
+)
+from ._capture import (
+    ModelGeometry as ModelGeometry,
+    max_new_tokens as max_new_tokens,
+    sglang_request_fields as sglang_request_fields,
+    vllm_engine_args as vllm_engine_args,
+    vllm_sampling_fields as vllm_sampling_fields,
+)
+from ._decode import (
+    AbortPolicy as AbortPolicy,
+    SampleRoutes as SampleRoutes,
+    decode_routes_array as decode_routes_array,
+    decode_vllm_output as decode_vllm_output,
+)
+from ._errors import (
+    CaptureError as CaptureError,
+    EngineOutputError as EngineOutputError,
+    RouteStoreEvictedError as RouteStoreEvictedError,
+)
+from ._store import (
+    explain_store_errors as explain_store_errors,
+    is_store_eviction as is_store_eviction,
+    routes_store_max_bytes as routes_store_max_bytes,
+)
+from ._validate import (
+    ABORT_REASONS as ABORT_REASONS,
+    validate_samples as validate_samples,
+)
+from ._verl import (
+    VerlRoutes as VerlRoutes,
+    check_verl_replayable as check_verl_replayable,
+    concat_verl_routes as concat_verl_routes,
+    pack_batch_for_verl as pack_batch_for_verl,
+    pack_for_verl as pack_for_verl,
+    to_verl_nested as to_verl_nested,
+    to_verl_padded as to_verl_padded,
+    unreplayable_rows as unreplayable_rows,
+)
+from ._versions import (
+    VllmFlags as VllmFlags,
+    installed_vllm_version as installed_vllm_version,
+    vllm_flags as vllm_flags,
+)
+from ._wire import (
+    decode_sglang as decode_sglang,
+    decode_vllm_http as decode_vllm_http,
+    npy_base64_to_array as npy_base64_to_array,
+    sglang_base64_to_array as sglang_base64_to_array,
+)
+
+__version__: str
