@@ -16,6 +16,7 @@ import torch
 import rr_npu
 from rr_core import ReplayController, ReplayMode
 from rr_fakes import build_tiny_moe, emulated_torch_npu
+from rr_npu._gating import GatingGuard, gating_guard_installed, unwatch
 from rr_npu_testing import in_fresh_process
 
 
@@ -30,8 +31,8 @@ def test_guard_refuses_fused_gating_while_replay_is_on() -> None:
         sys.modules[copier.__name__] = copier
         try:
             assert rr_npu.install_gating_guard()
-            assert rr_npu.gating_guard_installed()
-            assert isinstance(copier.npu_moe_gating_top_k, rr_npu.GatingGuard)  # type: ignore[attr-defined]
+            assert gating_guard_installed()
+            assert isinstance(copier.npu_moe_gating_top_k, GatingGuard)  # type: ignore[attr-defined]
             rr_npu.watch(controller)
             x = torch.randn(4, 8)
             _w, ids, _s = npu.module.npu_moe_gating_top_k(x, 2)  # OFF: inference path works
@@ -46,12 +47,12 @@ def test_guard_refuses_fused_gating_while_replay_is_on() -> None:
             controller.set_mode(ReplayMode.OFF)
             npu.module.npu_moe_gating_top_k(x, 2)
         finally:
-            rr_npu.unwatch(controller)
+            unwatch(controller)
             controller.detach()
             assert rr_npu.uninstall_gating_guard() == 1
             sys.modules.pop(copier.__name__)
-        assert not isinstance(npu.module.npu_moe_gating_top_k, rr_npu.GatingGuard)
-        assert not isinstance(copier.npu_moe_gating_top_k, rr_npu.GatingGuard)  # type: ignore[attr-defined]
+        assert not isinstance(npu.module.npu_moe_gating_top_k, GatingGuard)
+        assert not isinstance(copier.npu_moe_gating_top_k, GatingGuard)  # type: ignore[attr-defined]
 
 
 def test_guard_is_a_no_op_without_torch_npu() -> None:

@@ -36,9 +36,6 @@ from ._pipeline import (
     split_rank_routes as split_rank_routes,
     stack_rank_routes as stack_rank_routes,
 )
-from ._stats import (
-    ignore_unreplayed_rows as ignore_unreplayed_rows,
-)
 from ._supported import (
     SUPPORTED as SUPPORTED,
 )
@@ -50,7 +47,6 @@ from ._tokens import (
     cp_chunk_ids as cp_chunk_ids,
     cp_gather as cp_gather,
     cp_merge as cp_merge,
-    cp_rank_size as cp_rank_size,
     cp_split as cp_split,
     packed_seq_params as packed_seq_params,
     router_rows_to_batch as router_rows_to_batch,

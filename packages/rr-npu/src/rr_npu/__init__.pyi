@@ -32,12 +32,9 @@ from ._device import (
 )
 from ._gating import (
     FusedGatingError as FusedGatingError,
-    GatingGuard as GatingGuard,
-    gating_guard_installed as gating_guard_installed,
     install_gating_guard as install_gating_guard,
     replay_active as replay_active,
     uninstall_gating_guard as uninstall_gating_guard,
-    unwatch as unwatch,
     watch as watch,
 )
 from ._install import (

@@ -37,7 +37,6 @@ from ._store import (
     routes_store_max_bytes as routes_store_max_bytes,
 )
 from ._validate import (
-    ABORT_REASONS as ABORT_REASONS,
     validate_samples as validate_samples,
 )
 from ._verl import (
