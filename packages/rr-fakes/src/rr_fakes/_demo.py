@@ -8,10 +8,9 @@ K top-k, E experts, V vocabulary.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,11 @@ from rr_core import (
     encode_routes,
     load_routes,
     save_routes,
-    walk_routers,
 )
 from rr_fakes._rollout import Rollout, RolloutEmulator
 from rr_fakes.engines import VllmEra
+from rr_fakes.megatron._capture import route_log
+from rr_fakes.megatron._gpt import RECOMPUTE, train_step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,32 +104,15 @@ def _rollouts(model: nn.Module, cfg: DemoConfig) -> tuple[list[Rollout], list[to
     return rollouts, logprobs
 
 
-@contextlib.contextmanager
-def _routing_maps(model: nn.Module) -> Iterator[dict[int, torch.Tensor]]:
-    """The routing map ``[S * B, E]`` each decoder router produced in the last forward."""
-    maps: dict[int, torch.Tensor] = {}
-    handles = []
-    for layer, router in walk_routers(model):
-
-        def hook(_: nn.Module, __: Any, out: Any, layer: int = layer) -> None:
-            maps[layer] = out[1].detach().clone()
-
-        handles.append(router.register_forward_hook(hook))
-    try:
-        yield maps
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def _mismatch(
-    maps: dict[int, torch.Tensor], target_BSMK: torch.Tensor, valid_BS: torch.Tensor
+    maps: dict[int, list[torch.Tensor]], target_BSMK: torch.Tensor, valid_BS: torch.Tensor
 ) -> list[float]:
-    """Per MoE layer: share of valid (token, layer) rows whose expert set differs."""
+    """Per MoE layer: share of valid (token, layer) rows whose expert set differs, in the last
+    forward's routing map ``[S * B, E]`` of each decoder router."""
     B, S = valid_BS.shape
     shares = []
     for m, layer in enumerate(sorted(maps)):
-        used_BSE = maps[layer].reshape(S, B, -1).transpose(0, 1)  # router rows are [S, B]
+        used_BSE = maps[layer][-1].reshape(S, B, -1).transpose(0, 1)  # router rows are [S, B]
         want_BSE = torch.zeros_like(used_BSE).scatter(2, target_BSMK[:, :, m].long(), True)
         differs_BS = (used_BSE != want_BSE).any(dim=-1) & valid_BS
         shares.append(float(differs_BS.sum()) / max(1, int(valid_BS.sum())))
@@ -156,11 +139,7 @@ def run_demo(
         rmc.install()
         try:
             progress("build a real Megatron GPTModel")
-            extra: dict[str, Any] = {
-                "recompute_granularity": "full",
-                "recompute_method": "uniform",
-                "recompute_num_layers": 1,
-            }
+            extra = dict(RECOMPUTE)
             if rmc.megatron_line().native_replay:
                 extra["moe_enable_routing_replay"] = True
             model = build_gpt(
@@ -289,12 +268,12 @@ def _trainer_forward(
         try:
             if replay:
                 _arm_rollout(controller, routes_BSLK, valid_BS, batch.meta.layer_numbers)
-            with torch.no_grad(), _routing_maps(model) as maps:
+            with torch.no_grad(), route_log(model) as log:
                 logits_BSV = _logits(model, ids_BS)
             controller.end_step()
         finally:
             controller.detach()
-        per_layer = _mismatch(maps, moe_BSMK, valid_BS)
+        per_layer = _mismatch(log.forward, moe_BSMK, valid_BS)
         logp_BSV = torch.log_softmax(logits_BSV.float(), dim=-1)
         picked = []
         for b, r in enumerate(rollouts):
@@ -310,40 +289,22 @@ def _trainer_forward(
 def _train_step(model: nn.Module, rollouts: list[Rollout], batch: Any, cfg: DemoConfig) -> float:
     """One forward + backward through Megatron's schedule with activation recompute, R3 replay
     on; strict: any armed target left unused raises."""
-    from megatron.core.pipeline_parallel import schedules
-
     from rr_megatron_compat import attach
 
     ids_BS, routes_BSLK, valid_BS = _padded(rollouts, batch)
-    labels_BS = torch.roll(ids_BS, -1, dims=1)
-    positions_BS = torch.arange(ids_BS.shape[1]).expand_as(ids_BS)
+    microbatch = {
+        "input_ids": ids_BS,
+        "position_ids": torch.arange(ids_BS.shape[1]).expand_as(ids_BS),
+        "labels": torch.roll(ids_BS, -1, dims=1),
+    }
     controller = ReplayController(num_experts=cfg.num_experts, top_k=cfg.top_k)
     model.train()
     attach(controller, model)
     try:
         _arm_rollout(controller, routes_BSLK, valid_BS, batch.meta.layer_numbers)
-
-        def loss_fn(out: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            loss = out.float().mean()
-            return loss, {"lm loss": loss.detach()}
-
-        def forward_step(_: Any, chunk: nn.Module) -> Any:
-            with controller.microbatch(0) as mb:
-                out = chunk(ids_BS, positions_BS, attention_mask=None, labels=labels_BS)
-                mb.track(out)
-            return out, loss_fn
-
-        losses = schedules.get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter([None]),
-            model=model,
-            num_microbatches=1,
-            seq_length=ids_BS.shape[1],
-            micro_batch_size=ids_BS.shape[0],
-            forward_only=False,
-        )
+        (loss,) = train_step(model, [microbatch], controller)
         controller.end_step()
     finally:
         controller.detach()
         model.eval()
-    return float(losses[0]["lm loss"])
+    return loss

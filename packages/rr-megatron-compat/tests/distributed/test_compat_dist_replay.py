@@ -20,11 +20,6 @@ T = BATCH * SEQ
 TIMEOUT_S = 300  # hard limit per launch; a loaded machine is slow, a hang is not
 PP_FREQ = [1, 0, 1, 1]  # PP=2: stage 0 holds MoE layer 1, stage 1 MoE layers 3 and 4
 VPP_FREQ = [0, 1, 1, 0, 1, 0, 1, 1]  # PP=2 x VPP=2: MoE layers 2, 3, 5, 7, 8 over 4 chunks
-RECOMPUTE = {
-    "recompute_granularity": "full",
-    "recompute_method": "uniform",
-    "recompute_num_layers": 1,
-}
 
 launch = pytest.importorskip("rr_fakes.megatron").launch
 
@@ -50,6 +45,7 @@ def build_chunks(recompute: bool = False, **kw: Any) -> list[torch.nn.Module]:
     (what ``enable_replay`` does)."""
     import rr_megatron_compat as rmc
     from rr_fakes.megatron import TinyGPTConfig, build_gpt_chunks
+    from rr_fakes.megatron._gpt import RECOMPUTE
 
     extra = dict(kw.pop("extra", {}))
     if recompute:
@@ -70,7 +66,7 @@ def copy_weights(source: Sequence[torch.nn.Module], target: Sequence[torch.nn.Mo
 def microbatches(n: int, seed: int = 0) -> list[dict[str, Any]]:
     from rr_fakes.megatron import gpt_inputs
 
-    return [{"mb": i, **gpt_inputs(BATCH, SEQ, VOCAB, seed=seed + i)} for i in range(n)]
+    return [gpt_inputs(BATCH, SEQ, VOCAB, seed=seed + i) for i in range(n)]
 
 
 def run_step(
@@ -79,39 +75,10 @@ def run_step(
     controller: Any = None,
 ) -> list[float]:
     """Megatron's forward-backward schedule for this layout (1F1B, or interleaved with VPP);
-    each forward runs inside ``controller.microbatch(mb)`` with its output tracked, as an RL
-    trainer drives rr. The micro-batch id travels with the data, so it is right whatever order
-    the schedule runs the chunks in."""
-    from megatron.core.pipeline_parallel import schedules
+    each forward runs inside ``controller.microbatch(mb)`` with its output tracked."""
+    from rr_fakes.megatron import train_step
 
-    def loss(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        value = output.float().mean()
-        return value, {"lm loss": value.detach()}
-
-    def forward_step(data_iterator: Iterator[Mapping[str, Any]], model: torch.nn.Module) -> Any:
-        data = next(data_iterator)
-        scope: Any = contextlib.nullcontext()
-        if controller is not None:
-            scope = controller.microbatch(data["mb"])
-        with scope as mb:
-            out = model(
-                data["input_ids"], data["position_ids"], attention_mask=None, labels=data["labels"]
-            )
-            if mb is not None:
-                mb.track(out)
-        return out, loss
-
-    iterators: Any = [iter(batches) for _ in chunks] if len(chunks) > 1 else iter(batches)
-    losses = schedules.get_forward_backward_func()(
-        forward_step_func=forward_step,
-        data_iterator=iterators,
-        model=list(chunks) if len(chunks) > 1 else chunks[0],
-        num_microbatches=len(batches),
-        seq_length=SEQ,
-        micro_batch_size=BATCH,
-        forward_only=False,
-    )
-    return [float(item["lm loss"]) for item in losses]
+    return train_step(chunks, batches, controller)
 
 
 @contextlib.contextmanager
@@ -121,23 +88,12 @@ def capture_ids(
     """Per layer, the expert ids of every routing map its router returned, in call order: under
     ``forward`` for forwards, ``recompute`` for Megatron's recompute inside backward. Per layer
     both come in micro-batch order (the schedules run each chunk's micro-batches in order)."""
-    from rr_core import walk_routers
+    from rr_fakes.megatron._capture import route_log
 
-    seen: dict[str, dict[int, list[list[list[int]]]]] = {"forward": {}, "recompute": {}}
-    handles = []
-    for layer, router in walk_routers(list(chunks)):
-
-        def hook(module: Any, args: Any, out: Any, layer: int = layer) -> None:
-            phase = "forward" if torch._C._current_graph_task_id() == -1 else "recompute"
-            rows = [sorted(row.nonzero().flatten().tolist()) for row in out[1].detach()]
-            seen[phase].setdefault(layer, []).append(rows)
-
-        handles.append(router.register_forward_hook(hook))
-    try:
+    seen: dict[str, dict[int, list[list[list[int]]]]] = {}
+    with route_log(chunks) as log:
         yield seen
-    finally:
-        for handle in handles:
-            handle.remove()
+    seen.update(log.id_lists())
 
 
 def sorted_rows(routes_TK: torch.Tensor) -> list[list[int]]:
@@ -158,9 +114,9 @@ def router_grads(chunks: Sequence[torch.nn.Module]) -> dict[int, float]:
 
 def distinct_targets(mb: int, layers: int, seed: int) -> torch.Tensor:
     """``[T, layers, K]`` with K distinct ids per row; the same on every rank for (mb, seed)."""
-    g = torch.Generator().manual_seed(seed * 1000 + mb)
-    rows = [torch.randperm(E, generator=g)[:K] for _ in range(T * layers)]
-    return torch.stack(rows).view(T, layers, K)
+    from rr_fakes._random_routes import distinct_ids
+
+    return distinct_ids(T, layers, num_experts=E, top_k=K, seed=seed * 1000 + mb)
 
 
 # -- (1) PP=2, 1F1B: R3 replay across stages -------------------------------------------------------

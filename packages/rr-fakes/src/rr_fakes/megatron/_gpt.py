@@ -11,6 +11,7 @@ says so (see the harness tests); Megatron places the MTP block on the last pipel
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,13 @@ import torch
 from torch import nn
 
 from rr_fakes.megatron._flags import megatron_flags
+
+#: Megatron's full activation recompute, one layer per checkpoint (pass as ``extra``).
+RECOMPUTE: Mapping[str, Any] = {
+    "recompute_granularity": "full",
+    "recompute_method": "uniform",
+    "recompute_num_layers": 1,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,31 +186,41 @@ def _loss(output_BS: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor
 
 
 def train_step(
-    chunks: Sequence[nn.Module],
+    chunks: nn.Module | Sequence[nn.Module],
     microbatches: Sequence[Mapping[str, torch.Tensor]],
+    controller: Any = None,
     *,
     forward_only: bool = False,
 ) -> list[float]:
     """One forward (and backward) over ``microbatches`` through Megatron's schedule for this
-    parallel layout (no pipelining, 1F1B, or interleaved 1F1B with VPP). Returns the mean
-    token loss of each micro-batch on the last pipeline stage, nothing elsewhere."""
+    parallel layout (no pipelining, 1F1B, or interleaved 1F1B with VPP). With a
+    :class:`rr_core.ReplayController` each forward runs inside ``controller.microbatch(i)``
+    with its output tracked, as an RL trainer drives rr; the index travels with the data, so
+    it is right in whatever order the schedule runs the chunks. Returns the mean token loss of
+    each micro-batch on the last pipeline stage, nothing elsewhere."""
     schedules = _megatron("pipeline_parallel.schedules")
-    first = microbatches[0]["input_ids"]
-    batch, seq = first.shape
+    models = list(chunks) if isinstance(chunks, Sequence) else [chunks]
+    batch, seq = microbatches[0]["input_ids"].shape
 
-    def forward_step(data_iterator: Iterator[Mapping[str, torch.Tensor]], model: nn.Module) -> Any:
-        data = next(data_iterator)
-        output = model(
-            data["input_ids"], data["position_ids"], attention_mask=None, labels=data["labels"]
-        )
+    def forward_step(
+        data_iterator: Iterator[tuple[int, Mapping[str, torch.Tensor]]], model: nn.Module
+    ) -> Any:
+        index, data = next(data_iterator)
+        scope = contextlib.nullcontext() if controller is None else controller.microbatch(index)
+        with scope as mb:
+            output = model(
+                data["input_ids"], data["position_ids"], attention_mask=None, labels=data["labels"]
+            )
+            if mb is not None:
+                mb.track(output)
         return output, _loss
 
-    iterators: Any = [iter(microbatches) for _ in chunks] if len(chunks) > 1 else iter(microbatches)
+    iterators = [iter(enumerate(microbatches)) for _ in models]
     forward_backward: Callable[..., Any] = schedules.get_forward_backward_func()
     losses = forward_backward(
         forward_step_func=forward_step,
-        data_iterator=iterators,
-        model=list(chunks) if len(chunks) > 1 else chunks[0],
+        data_iterator=iterators if len(models) > 1 else iterators[0],
+        model=models if len(models) > 1 else models[0],
         num_microbatches=len(microbatches),
         seq_length=seq,
         micro_batch_size=batch,

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from torch import nn
 
+from rr_core import LayoutConfig, moe_pattern
 from rr_fakes.megatron._gpt import TinyGPTConfig, build_gpt_chunks
 from rr_fakes.megatron._shims import megatron_cpu
 from rr_fakes.verl._attention import use_thd_attention
@@ -196,8 +197,8 @@ class ModelConfig:
 def _hf_config(tf_config: Any, vocab_size: int, architecture: str) -> Any:
     """A real transformers config of the Qwen3-MoE family, sized like ``tf_config``."""
     transformers = importlib.import_module("transformers")
-    freq = tf_config.moe_layer_freq
-    dense = [] if isinstance(freq, int) else [i for i, moe in enumerate(freq) if not moe]
+    layout = LayoutConfig(num_layers=tf_config.num_layers, moe_layer_freq=tf_config.moe_layer_freq)
+    dense = [i for i, moe in enumerate(moe_pattern(layout)) if not moe]
     return transformers.AutoConfig.for_model(
         "qwen3_moe",
         architectures=[architecture],

@@ -4,14 +4,28 @@ rollout-style routes. Shared by the harness tests and rr's verl engine tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from rr_core import LayoutConfig, moe_pattern
+from rr_fakes._random_routes import distinct_ids
+from rr_fakes.megatron._capture import RouteLog, route_log
 from rr_fakes.megatron._gpt import TinyGPTConfig
+
+__all__ = [
+    "RouteLog",
+    "grads_ok",
+    "moe_column",
+    "packed",
+    "perturb",
+    "rollout_routes",
+    "route_log",
+    "routers",
+    "zero_grads",
+]
 
 
 def routers(chunks: Sequence[nn.Module]) -> list[Any]:
@@ -20,36 +34,6 @@ def routers(chunks: Sequence[nn.Module]) -> list[Any]:
 
     decoders: list[Any] = [getattr(c, "decoder", c) for c in chunks]
     return [m for d in decoders for m in d.modules() if isinstance(m, TopKRouter)]
-
-
-class RouteLog:
-    """Top-k ids each decoder router used, per call: ``(layer, recompute, ids [T, K])``; a call
-    with grad enabled inside backward is the recompute of a checkpointed forward."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, bool, torch.Tensor]] = []
-
-    def hook(self, router: Any, args: Any, output: Any) -> None:
-        routing_map = output[1]
-        ids = routing_map.nonzero()[:, 1].view(routing_map.shape[0], -1)
-        recompute = torch.is_grad_enabled() and router.config.recompute_granularity == "full"
-        self.calls.append((int(router.layer_number), bool(recompute), ids))
-
-    def rows(self, layer: int, *, recompute: bool) -> torch.Tensor:
-        """Every token row routed at ``layer`` in call order (micro-batch order)."""
-        parts = [ids for lay, rec, ids in self.calls if lay == layer and rec == recompute]
-        return torch.cat(parts) if parts else torch.empty(0, 0, dtype=torch.long)
-
-
-@contextmanager
-def route_log(chunks: Sequence[nn.Module]) -> Iterator[RouteLog]:
-    log = RouteLog()
-    handles = [r.register_forward_hook(log.hook) for r in routers(chunks)]
-    try:
-        yield log
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def packed(routes: torch.Tensor, column: int) -> torch.Tensor:
@@ -62,9 +46,8 @@ def moe_column(tf_config: Any, layer: int, columns: int) -> int:
     MoE ordinal (verl's ``set_router_replay_data`` rule)."""
     if columns == tf_config.num_layers:
         return layer - 1
-    freq = tf_config.moe_layer_freq
-    moe = [freq[i] == 1 if isinstance(freq, list) else i % freq == 0 for i in range(layer - 1)]
-    return sum(moe)
+    layout = LayoutConfig(num_layers=tf_config.num_layers, moe_layer_freq=tf_config.moe_layer_freq)
+    return sum(moe_pattern(layout)[: layer - 1])
 
 
 def perturb(chunks: Sequence[nn.Module], seed: int = 7) -> None:
@@ -98,8 +81,13 @@ def rollout_routes(
     the last sampled token)."""
     generator = torch.Generator().manual_seed(seed)
     return [
-        torch.rand(n - 1, layers, cfg.num_experts, generator=generator)
-        .argsort(dim=-1)[..., : cfg.top_k]
-        .to(torch.int16)
+        distinct_ids(
+            n - 1,
+            layers,
+            num_experts=cfg.num_experts,
+            top_k=cfg.top_k,
+            generator=generator,
+            dtype=torch.int16,
+        )
         for n in lengths
     ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rr_fakes.megatron._gpt import TinyGPTConfig
+from rr_fakes.megatron._gpt import RECOMPUTE, TinyGPTConfig
+
+__all__ = ["BATCHINGS", "LENGTHS", "PROMPTS", "RECOMPUTE", "RESPONSES", "tiny_config"]
 
 PROMPTS = (3, 5, 2, 4)
 RESPONSES = (4, 2, 6, 3)
@@ -17,12 +19,6 @@ BATCHINGS: dict[str, dict[str, int]] = {
     "one": {"micro_batch_size": len(PROMPTS)},
     "per_sequence": {"micro_batch_size": 1},
     "dynamic": {"max_token_len": 12},
-}
-#: Megatron's full activation recompute, one layer per checkpoint.
-RECOMPUTE = {
-    "recompute_granularity": "full",
-    "recompute_method": "uniform",
-    "recompute_num_layers": 1,
 }
 
 
