@@ -133,11 +133,11 @@ def test_out_of_range_version_raises_naming_it_unless_forced(
 
 def test_nomegatron_flags_per_line() -> None:
     assert not rmc.line_flags("0.12.3").score_function_topk
-    assert rmc.line_flags("0.14.0").aux_loss_enabled_method
+    assert rmc.line_flags("0.14.0").score_function_topk
     assert rmc.line_flags("0.16.1").native_replay
     assert rmc.line_flags("0.16.1").padding_mask
     assert not rmc.line_flags("0.15.3").native_replay
-    assert rmc.line_flags("0.19.2").replay_layer_number
+    assert not rmc.line_flags("0.15.3").padding_mask
     assert not rmc.line_flags("0.11.0").supported
     assert not rmc.line_flags("0.20.0").supported
     roles = {v: [s.role for s in rmc.hook_specs(rmc.line_flags(v))] for v in ("0.12", "0.16")}
@@ -148,6 +148,19 @@ def test_nomegatron_flags_per_line() -> None:
     assert [s.attribute for s in rmc.hook_specs(rmc.line_flags("0.14"))][1] == (
         "topk_routing_with_score_function"
     )
+
+
+def test_nomegatron_routing_hook_reads_padding_mask_only_where_routing_takes_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rr_megatron_compat import _hooks
+
+    mask = object()
+    for version, expected in (("0.15.3", None), ("0.16.1", mask)):
+        monkeypatch.setattr(_hooks, "megatron_line", lambda v=version: rmc.line_flags(v))
+        assert _hooks._padding_mask(("logits", mask), {}) is expected
+        assert _hooks._padding_mask(("logits",), {"padding_mask": mask}) is expected
+        assert _hooks._padding_mask(("logits",), {}) is None
 
 
 def test_nomegatron_import_and_supported_need_no_torch() -> None:

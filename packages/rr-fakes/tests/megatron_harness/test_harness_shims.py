@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 from packaging.version import Version
 
-from rr_fakes.megatron import MEGATRON_LINES, megatron_cpu, megatron_flags
+from rr_fakes.megatron import MEGATRON_LINES, MEGATRON_RANGE, megatron_cpu, megatron_flags
+from rr_megatron_compat import _supported as supported
 
 
 def test_flags_describe_the_installed_line() -> None:
@@ -19,7 +20,8 @@ def test_flags_describe_the_installed_line() -> None:
     installed = Version(importlib.metadata.version("megatron-core"))
     assert flags.version == Version(installed.base_version)
     assert flags.line in MEGATRON_LINES
-    assert flags.router_has_is_mtp_layer == (flags.version >= Version("0.17"))
+    assert MEGATRON_LINES is supported.MEGATRON_LINES  # compat's data, not a second table
+    assert supported.SUPPORTED["megatron-core"] == MEGATRON_RANGE
 
 
 def cuda_surface() -> dict[str, object]:

@@ -11,14 +11,8 @@ import argparse
 import json
 from typing import Any
 
-from rr_megatron_compat._supported import SUPPORTED
-from rr_megatron_compat._versions import (
-    DISTRIBUTION,
-    KNOWN_ISSUES,
-    hook_specs,
-    installed_version,
-    line_flags,
-)
+from rr_megatron_compat._supported import KNOWN_ISSUES, SUPPORTED
+from rr_megatron_compat._versions import DISTRIBUTION, hook_specs, installed_version, line_flags
 
 
 def megatron_report() -> dict[str, Any]:

@@ -31,6 +31,7 @@ from torch import nn
 
 from rr_core import ReplayError, ReplayMode, controller_of, router_topk
 from rr_megatron_compat import _dispatcher, _stats
+from rr_megatron_compat._versions import megatron_line
 
 
 @dataclass
@@ -60,6 +61,14 @@ def _active_mode(router: nn.Module) -> ReplayMode:
     return controller.mode_of(_layer(router))
 
 
+def _padding_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The ``padding_mask`` of a ``routing(logits, padding_mask=None)`` call (0.16+; earlier
+    lines' routing takes logits only)."""
+    if not megatron_line().padding_mask:
+        return None
+    return kwargs.get("padding_mask", args[1] if len(args) > 1 else None)
+
+
 def routing_wrapper(
     wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -80,8 +89,7 @@ def routing_wrapper(
             "moe_enable_routing_replay (call rr_megatron_compat.enable_replay(config) before "
             "building the model)"
         )
-    padding_mask = kwargs.get("padding_mask", args[1] if len(args) > 1 else None)
-    _stats.after_routing(instance, routing_map, padding_mask)
+    _stats.after_routing(instance, routing_map, _padding_mask(args, kwargs))
     if _active_mode(instance) is ReplayMode.REPLAY:
         _dispatcher.mark_replayed()
     return probs, routing_map

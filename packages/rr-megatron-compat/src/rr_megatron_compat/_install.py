@@ -5,7 +5,9 @@ If it is rr's proxy (or a chain of ``__wrapped__`` proxies that contains rr's), 
 done; if another library replaced it since (MindSpeed's ``repatch()`` drops patches installed
 in between), rr wraps whatever is there again. ``uninstall()`` restores the original where rr's
 proxy is still on top, and disables its proxy where another library wrapped over it (so no
-foreign patch is ever undone). Both are driven by :func:`~rr_megatron_compat._versions.hook_specs`.
+foreign patch is ever undone). ``install()`` wraps what
+:func:`~rr_megatron_compat._versions.hook_specs` names for the installed line and records each
+proxy; ``uninstall()`` walks that record, so it needs no version lookup.
 """
 
 from __future__ import annotations

@@ -85,6 +85,8 @@ def layout_config(
     vp_raw = vp_size if vp_size is not None else config.virtual_pipeline_model_parallel_size
     vp = None if vp_raw in (None, 1) else int(vp_raw)
     freq = parse_moe_layer_freq(getattr(config, "moe_layer_freq", 1), num_layers)
+    # A probe of the object, not of the release: 0.12 configs lack the field (0.13+ have it), and
+    # so may the duck-typed configs verl's layout functions accept on any line.
     pp_layout = getattr(config, "pipeline_model_parallel_layout", None)
     if pp_layout is not None:
         counts, layout_vp = _layout_stage_counts(pp_layout, pp)

@@ -7,8 +7,9 @@ towards tokens that were never served. :func:`ignore_unreplayed_rows` turns that
 per router; :func:`after_routing` applies it right after Megatron's own update, under the same
 condition Megatron uses (expert bias on and grad enabled), on every line.
 
-The aux-loss statistics are left to Megatron: on 0.16+ pass the rows as ``padding_mask`` to
-exclude them there too; before 0.16 Megatron has no such mask.
+The aux-loss statistics are left to Megatron: on lines whose routing takes a ``padding_mask``
+(``MegatronLine.padding_mask``, 0.16+) pass the rows as that mask to exclude them there too; the
+routing hook hands the mask here only on those lines.
 
 Shapes: T tokens, E experts.
 """
@@ -56,7 +57,7 @@ def after_routing(
         return
     with torch.no_grad():
         skipped_TE = routing_map_TE & ~mask_T.to(routing_map_TE.device).unsqueeze(-1)
-        if padding_mask is not None:  # 0.16+: Megatron already skipped padding rows
+        if padding_mask is not None:  # Megatron's own update already skipped these rows
             skipped_TE = skipped_TE & ~padding_mask.reshape(-1, 1).to(skipped_TE.device)
         counts_E: Any = router.local_tokens_per_expert
         counts_E.sub_(skipped_TE.sum(dim=0))

@@ -1,8 +1,10 @@
 """What differs between megatron-core lines, computed once from the installed version.
 
-Package metadata only: nothing here imports torch or megatron (``rr megatron`` and
-``rr doctor`` read these flags on machines where importing torch fails). Patch and unpatch are
-both driven by :func:`hook_specs`, so the hooks a line gets are written down in one place.
+The facts are data in :mod:`rr_megatron_compat._supported` (``MEGATRON_FEATURES``); this module
+turns them into :class:`MegatronLine` flags. Package metadata only: nothing here imports torch or
+megatron (``rr megatron`` and ``rr doctor`` read these flags on machines where importing torch
+fails). :func:`hook_specs` says which attributes ``install()`` wraps on a line; ``uninstall()``
+undoes what ``install()`` recorded, whatever the line.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from rr_core import RRError
-from rr_megatron_compat._supported import SUPPORTED
+from rr_megatron_compat._supported import MEGATRON_FEATURES, SUPPORTED
 
 DISTRIBUTION = "megatron-core"
 ROUTER = "megatron.core.transformer.moe.router"
@@ -49,26 +51,15 @@ class HookSpec:
 
 @dataclass(frozen=True)
 class MegatronLine:
-    """Version flags of one megatron-core release."""
+    """Version flags of one megatron-core release (one per ``MEGATRON_FEATURES`` key)."""
 
     version: Version
     #: ``moe_enable_routing_replay`` and ``RouterReplay`` (0.16+): the native hook point.
     native_replay: bool
     #: ``topk_routing_with_score_function`` (0.14+); before that ``topk_softmax_with_capacity``.
     score_function_topk: bool
-    #: ``TopKRouter.is_aux_loss_enabled`` (0.14+).
-    aux_loss_enabled_method: bool
-    #: ``TransformerConfig.moe_router_fusion`` (0.14+): fused routing skips every hook (C2).
-    router_fusion_flag: bool
-    #: ``TopKRouter.routing(logits, padding_mask)`` (0.16+).
+    #: ``TopKRouter.routing(logits, padding_mask=None)`` (0.16+).
     padding_mask: bool
-    #: the router's process-group argument: none, ``model_comm_pgs`` (0.13-0.14),
-    #: ``pg_collection`` (0.15+).
-    router_pg_kwarg: str | None
-    #: ``RouterReplay.layer_number`` (0.19+).
-    replay_layer_number: bool
-    #: ``TopKRouter.is_mtp_layer`` (0.17+).
-    router_is_mtp_layer: bool
 
     @property
     def line(self) -> str:
@@ -80,24 +71,11 @@ class MegatronLine:
 
 
 def line_flags(version: Version | str) -> MegatronLine:
-    """The flags of ``version`` (pure: usable for any version string)."""
+    """The flags of ``version`` (pure: usable for any version string). A pre-release has the
+    flags of the release it precedes."""
     v = Version(Version(str(version)).base_version)
-
-    def since(minimum: str) -> bool:
-        return v >= Version(minimum)
-
-    pg_kwarg = "pg_collection" if since("0.15") else "model_comm_pgs" if since("0.13") else None
-    return MegatronLine(
-        version=v,
-        native_replay=since("0.16"),
-        score_function_topk=since("0.14"),
-        aux_loss_enabled_method=since("0.14"),
-        router_fusion_flag=since("0.14"),
-        padding_mask=since("0.16"),
-        router_pg_kwarg=pg_kwarg,
-        replay_layer_number=since("0.19"),
-        router_is_mtp_layer=since("0.17"),
-    )
+    flags = {name: v in SpecifierSet(spec) for name, spec in MEGATRON_FEATURES.items()}
+    return MegatronLine(version=v, **flags)
 
 
 def installed_version() -> Version | None:
@@ -156,38 +134,3 @@ def hook_specs(line: MegatronLine) -> tuple[HookSpec, ...]:
         HookSpec(DISPATCHER, "MoEAlltoAllTokenDispatcher", "preprocess", "alltoall_preprocess")
     )
     return tuple(specs)
-
-
-#: Known issues of each line that matter to replay (``rr megatron`` prints them).
-KNOWN_ISSUES: dict[str, tuple[str, ...]] = {
-    "0.12": (
-        "no TopKRouter.is_aux_loss_enabled; compute_routing_scores_for_aux_loss, "
-        "group_limited_topk and apply_router_token_dropping are not all module functions "
-        "(a grouped import of them fails as a whole: C6)",
-        "get_transformer_layer_offset / get_num_layers_to_build take no vp_stage / pp_rank",
-        "routing goes through topk_softmax_with_capacity (capacity applied after selection: C3)",
-    ),
-    "0.13": (
-        "routing goes through topk_softmax_with_capacity",
-        "moe_utils.te_general_gemm is unbound without Transformer Engine",
-    ),
-    "0.14": (
-        "moe_router_fusion returns before any top-k hook (C2)",
-        "moe_utils.te_general_gemm is unbound without Transformer Engine",
-    ),
-    "0.15": (
-        "moe_router_fusion returns before any top-k hook (C2)",
-        "moe_utils.te_general_gemm is unbound without Transformer Engine",
-    ),
-    "0.16": (
-        "native RouterReplay: process-global list in construction order (orphans first when a "
-        "model is built twice: A1), FIFO backward targets (B1), fusion skips it silently (C2)",
-        "alltoall dispatcher sizes dropless output as tokens * topk (C1)",
-    ),
-    "0.17": ("native RouterReplay as in 0.16; MTP routers carry is_mtp_layer",),
-    "0.18": ("native RouterReplay as in 0.16", "import needs triton (undeclared)"),
-    "0.19": (
-        "native RouterReplay gains layer_number",
-        "import needs triton (undeclared)",
-    ),
-}

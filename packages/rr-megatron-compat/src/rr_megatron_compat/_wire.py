@@ -54,6 +54,8 @@ def megatron_group(name: str) -> Any:
     ``pipeline_model_parallel``) from its parallel state."""
     ps = importlib.import_module("megatron.core.parallel_state")
     group = getattr(ps, f"get_{name}_group")()
-    if isinstance(group, list):  # 0.12 returns a list when a rank is in several PP groups
+    # A rank in several PP groups (encoder and decoder pipelines) gets a list of them, on every
+    # line: a property of the parallel layout, not of the release, so it is checked on the value.
+    if isinstance(group, list):
         group = group[0]
     return group
