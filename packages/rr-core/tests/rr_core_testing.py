@@ -11,8 +11,10 @@ from torch.utils.checkpoint import checkpoint
 from rr_core import router_topk
 
 
-class TinyRouter(nn.Module):
-    """Softmax (or sigmoid) router over E experts calling :func:`rr_core.router_topk`."""
+class RecordingRouter(nn.Module):
+    """Softmax router over E experts calling :func:`rr_core.router_topk`; it keeps its last
+    scores with their gradient (``last_scores_TE``) and may lack a ``layer_number`` (the walk's
+    error paths). Unlike :class:`rr_fakes.TinyRouter` it is seeded by the model's global seed."""
 
     def __init__(
         self, hidden: int, num_experts: int, top_k: int, *, layer_number: int | None = None
@@ -41,7 +43,7 @@ class TinyLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.layer_number = layer_number
-        self.router = TinyRouter(hidden, num_experts, top_k) if moe else None
+        self.router = RecordingRouter(hidden, num_experts, top_k) if moe else None
         count = num_experts if moe else 1
         self.experts = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(count))
         self.last_ids_TK: torch.Tensor | None = None

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from rr_core import ReplayController, ReplayError, ReplayMode, RRWarning
+from rr_fakes._random_routes import distinct_ids
 
 from rr_core_testing import TinyModel
 
@@ -29,12 +29,7 @@ def tokens(t: int, seed: int = 1) -> torch.Tensor:
 
 def random_routes(t: int, layers: int, seed: int = 2) -> torch.Tensor:
     """``[t, layers, K]`` distinct ids per row, uint8 like a compact route batch."""
-    g = torch.Generator().manual_seed(seed)
-    return (
-        torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(t * layers)])
-        .reshape(t, layers, K)
-        .to(torch.uint8)
-    )
+    return distinct_ids(t, layers, num_experts=E, top_k=K, seed=seed, dtype=torch.uint8)
 
 
 @settings(max_examples=25, deadline=None)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from torch import nn
 
 from rr_core import ReplayController, ReplayMode, WalkError, find_orphans, walk_routers
 
-from rr_core_testing import TinyLayer, TinyModel, TinyRouter
+from rr_core_testing import RecordingRouter, TinyLayer, TinyModel
 
 
 def layers_of(model: nn.Module | list[nn.Module]) -> list[int]:
@@ -33,7 +32,7 @@ def test_A4_mtp_routers_restarting_at_one_are_never_yielded() -> None:
     model = TinyModel(num_layers=3, mtp_layers=2)
     assert layers_of(model) == [1, 2, 3]
     # Walking the whole module without the decoder scope would see MTP layer 1 twice.
-    flagged = TinyRouter(8, 6, 2, layer_number=1)
+    flagged = RecordingRouter(8, 6, 2, layer_number=1)
     flagged.is_mtp_layer = True
     holder = nn.Sequential(TinyLayer(1, 8, 6, 2, moe=True), flagged)
     assert layers_of(holder) == [1]
@@ -108,17 +107,17 @@ def test_A1_orphans_from_a_model_built_twice_are_reported() -> None:
 
 def test_router_without_layer_number_raises() -> None:
     with pytest.raises(WalkError, match="has no layer_number"):
-        walk_routers(nn.Sequential(TinyRouter(8, 6, 2)))
+        walk_routers(nn.Sequential(RecordingRouter(8, 6, 2)))
 
 
 def test_layer_number_must_be_one_based() -> None:
     with pytest.raises(WalkError, match="expected a global 1-based"):
-        walk_routers(nn.Sequential(TinyRouter(8, 6, 2, layer_number=0)))
+        walk_routers(nn.Sequential(RecordingRouter(8, 6, 2, layer_number=0)))
 
 
 def test_custom_predicate_and_shared_router_counted_once() -> None:
-    router = TinyRouter(8, 6, 2, layer_number=4)
+    router = RecordingRouter(8, 6, 2, layer_number=4)
     model = nn.ModuleDict({"a": router, "b": nn.Sequential(router)})
-    walked = walk_routers(model, is_router=lambda m: isinstance(m, TinyRouter))
+    walked = walk_routers(model, is_router=lambda m: isinstance(m, RecordingRouter))
     assert walked == [(4, router)]
     assert walk_routers(model, is_router=lambda m: False) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rr_core import RouteMeta
+from rr_fakes._random_routes import distinct_ids
 
 
 def make_meta(
@@ -22,8 +23,7 @@ def make_meta(
 
 def distinct_routes(meta: RouteMeta, rows: int, seed: int = 0) -> np.ndarray:
     """``[rows, L, K]`` int64: K distinct ids per MoE slot, zeros on dense slots."""
-    rng = np.random.default_rng(seed)
-    n_layers, e = len(meta.layer_numbers), meta.num_experts
-    ids = np.argsort(rng.random((rows, n_layers, e)), axis=-1)[..., : meta.top_k]
+    layers, e, k = len(meta.layer_numbers), meta.num_experts, meta.top_k
+    ids = distinct_ids(rows, layers, num_experts=e, top_k=k, seed=seed).numpy()
     ids[:, list(meta.dense_slots)] = 0
-    return ids.astype(np.int64)
+    return ids

@@ -1,9 +1,10 @@
 """Builders of fake MoE models for every layout that has broken routing replay in the field.
 
 Each builder is deterministic in ``FakeModelConfig.seed`` and never touches torch's global RNG.
-Layer-number arithmetic is written out here on purpose rather than taken from ``rr_core``, so
-tests that compare the two check rr_core's layout math against an independent statement of
-Megatron's rule.
+Which layers are MoE is rr_core's rule (:func:`rr_core.moe_pattern`, the one statement of
+``moe_layer_freq``); the VPP split is written out here on purpose rather than taken from
+``rr_core``, so tests that compare the two check rr_core's stage math against an independent
+statement of Megatron's rule.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from rr_core import LayoutConfig, moe_pattern as layout_moe_pattern
 from rr_fakes._models import (
     FakeDecoder,
     FakeDenseLayer,
@@ -57,27 +59,16 @@ class FakeModelConfig:
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1; got {self.num_layers}")
         if isinstance(self.moe_layer_freq, Sequence):
-            freq = tuple(int(v) for v in self.moe_layer_freq)
-            if len(freq) != self.num_layers or set(freq) - {0, 1}:
-                raise ValueError(
-                    f"a list moe_layer_freq needs one 0/1 entry per layer ({self.num_layers}); "
-                    f"got {list(freq)}"
-                )
-            object.__setattr__(self, "moe_layer_freq", freq)
-        elif self.moe_layer_freq < 1:
-            raise ValueError(f"an int moe_layer_freq must be >= 1; got {self.moe_layer_freq}")
-        if self.hash_layers > sum(moe_pattern(self)):
-            raise ValueError(
-                f"hash_layers={self.hash_layers} exceeds the {sum(moe_pattern(self))} MoE layers"
-            )
+            object.__setattr__(self, "moe_layer_freq", tuple(int(v) for v in self.moe_layer_freq))
+        moe_layers = sum(moe_pattern(self))  # a bad frequency raises LayoutError (a ValueError)
+        if self.hash_layers > moe_layers:
+            raise ValueError(f"hash_layers={self.hash_layers} exceeds the {moe_layers} MoE layers")
 
 
 def moe_pattern(config: FakeModelConfig) -> tuple[bool, ...]:
     """Per decoder layer (index 0 = layer 1): is it an MoE layer (routed or hash-routed)?"""
-    freq = config.moe_layer_freq
-    if isinstance(freq, int):
-        return tuple(i % freq == 0 for i in range(config.num_layers))
-    return tuple(bool(v) for v in freq)
+    layout = LayoutConfig(num_layers=config.num_layers, moe_layer_freq=config.moe_layer_freq)
+    return layout_moe_pattern(layout)
 
 
 def routed_layer_numbers(config: FakeModelConfig) -> tuple[int, ...]:

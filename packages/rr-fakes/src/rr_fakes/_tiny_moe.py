@@ -94,18 +94,6 @@ class TinyMoEModel(nn.Module):
         return logits_BSV
 
 
-def moe_mask(num_layers: int, moe_layer_freq: int | Sequence[int]) -> list[bool]:
-    """Megatron's rule: an int N makes 0-based layer i MoE iff ``i % N == 0``; a 0/1 list
-    marks each layer."""
-    if isinstance(moe_layer_freq, int):
-        return [i % moe_layer_freq == 0 for i in range(num_layers)]
-    if len(moe_layer_freq) != num_layers:
-        raise ValueError(
-            f"moe_layer_freq has {len(moe_layer_freq)} entries for {num_layers} layers"
-        )
-    return [bool(v) for v in moe_layer_freq]
-
-
 def build_tiny_moe(
     *,
     num_layers: int = 4,
@@ -121,7 +109,8 @@ def build_tiny_moe(
     torch.manual_seed(seed)
     try:
         layers = []
-        for i, is_moe in enumerate(moe_mask(num_layers, moe_layer_freq)):
+        layout = rr_core.LayoutConfig(num_layers=num_layers, moe_layer_freq=moe_layer_freq)
+        for i, is_moe in enumerate(rr_core.moe_pattern(layout)):
             mlp: nn.Module
             if is_moe:
                 mlp = TinyMoE(hidden_size, num_experts, top_k, i + 1)

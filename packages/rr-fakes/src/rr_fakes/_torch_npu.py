@@ -35,21 +35,16 @@ from typing import Any
 import torch
 from torch.utils.backend_registration import rename_privateuse1_backend
 
+# The one table of what HCCL accepts lives with the policy that depends on it (an import-free
+# module: no torch_npu, no CANN).
+from rr_npu._collectives import HCCL_COLLECTIVE_DTYPES as _HCCL_DTYPE_NAMES
+
 NPU = "npu"
 _DEFAULT_NAME = "privateuseone"
 
-#: dtypes HCCL collectives accept (no uint16 / uint32 / uint64).
+#: dtypes HCCL collectives accept (no uint16 / uint32 / uint64): rr_npu's table, as torch dtypes.
 HCCL_COLLECTIVE_DTYPES: frozenset[torch.dtype] = frozenset(
-    {
-        torch.int8,
-        torch.uint8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-    }
+    getattr(torch, name) for name in _HCCL_DTYPE_NAMES
 )
 
 

@@ -6,8 +6,8 @@ uint8 view, which round-trips bit-exactly. Ids are widened to int64 only at the 
 ``torch.gather`` / indexing (:func:`ids_for_gather`), never on the wire: an int64 routes tensor
 is 4x the bytes of the int16 one (the 45 GB broadcast that timed out on an NPU cluster, F2).
 
-The HCCL dtype table is data here (dtype names, no torch import); the emulation in rr_fakes
-mirrors the same table and a test keeps the two equal.
+The HCCL dtype table is data here (dtype names, no torch import); the emulated torch_npu in
+rr_fakes reads it from here, so there is one table.
 
 Shape suffixes: T tokens, L layer slots, K top-k.
 """

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from rr_core import RouteMeta
+from rr_core import RouteMeta, narrowest_dtype
 from rr_vllm._errors import EngineOutputError
 from rr_vllm._validate import check_missing, check_row_count, is_aborted
 
@@ -59,7 +59,8 @@ class SampleRoutes:
 
 
 def _compact_dtype(num_experts: int) -> np.dtype[Any]:
-    return np.dtype(np.uint8) if num_experts <= 256 else np.dtype(np.int16)
+    """:func:`rr_core.narrowest_dtype` as a numpy dtype (the engine arrays are numpy)."""
+    return np.dtype(str(narrowest_dtype(num_experts)).removeprefix("torch."))
 
 
 def as_rows(value: Any, what: str) -> IntArray:
