@@ -95,18 +95,29 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports")
 
 
+def selection(tests: list[Path], *leave_out: Path) -> list[str]:
+    """pytest arguments that collect ``tests`` except what lies under ``leave_out``: each test
+    file runs in one session (tests/test_noxfile.py holds every session to that)."""
+    return [*map(str, tests), *(f"--ignore={path}" for path in leave_out)]
+
+
+#: Torch-only tests: everything under these folders that another session does not run.
+CORE_TESTS = [
+    ROOT / "tests",
+    *(PACKAGES / name / "tests" for name in ("rr-core", "rr-fakes", "rr-npu")),
+]
+
+
 @session(python="3.11")
 def core(session: nox.Session) -> None:
-    """rr-core, rr-fakes, rr-vllm and rr-npu tests (pytest-xdist), torch only: no megatron."""
+    """rr-core, rr-fakes and rr-npu tests (pytest-xdist), torch only: no megatron, no vLLM."""
     install_with_torch(
         session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-megatron-compat", "rr-npu")
     )
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    tests = [
-        str(PACKAGES / name / "tests") for name in ("rr-core", "rr-fakes", "rr-vllm", "rr-npu")
-    ]
-    session.run("pytest", *tests, *args)
+    leave_out = (*MEGATRON_TESTS, *VERL_TESTS, *NPU_TESTS)  # their sessions run them
+    session.run("pytest", *selection(CORE_TESTS, *leave_out), *args)
 
 
 @session(python="3.11")
@@ -118,7 +129,8 @@ def vllm(session: nox.Session) -> None:
     install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm"))
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    session.run("pytest", str(PACKAGES / "rr-vllm" / "tests"), *args)
+    tests = [PACKAGES / "rr-vllm" / "tests"]  # every one, on the real classes where they import
+    session.run("pytest", *selection(tests, *VERL_TESTS), *args)
 
 
 @session(python="3.11", default=False)
@@ -275,6 +287,15 @@ def distributed(session: nox.Session, line: str) -> None:
 NPU_LINES = ("0.12", "0.16")  # the lines MindSpeed users run
 
 
+#: The tests that depend on the megatron-core line under the emulated Ascend stack (the torch-only
+#: rr-npu tests run once, in core).
+NPU_TESTS = [
+    PACKAGES / "rr-npu" / "tests" / "test_npu_mindspeed.py",
+    PACKAGES / "rr-npu" / "tests" / "test_npu_readme.py",
+    PACKAGES / "rr-fakes" / "tests" / "test_fakes_mindspeed.py",
+]
+
+
 @session(python="3.11")
 @nox.parametrize("line", list(NPU_LINES), ids=list(NPU_LINES))
 def npu(session: nox.Session, line: str) -> None:
@@ -286,7 +307,7 @@ def npu(session: nox.Session, line: str) -> None:
     )
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    session.run("pytest", str(PACKAGES / "rr-npu" / "tests"), *args)
+    session.run("pytest", *selection(NPU_TESTS), *args)
 
 
 @session(python="3.11", default=False)
