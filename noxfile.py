@@ -30,18 +30,22 @@ ALL_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes"
 # or pass posargs, to explore new examples).
 PYTEST_DEFAULTS = ["-n", "auto", "-q", "--hypothesis-seed=0"]
 
-# The megatron-core matrix is plain data in rr_fakes (read by path: no torch import here).
-MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = runpy.run_path(
-    str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "megatron" / "_lines.py")
-)["MEGATRON_LINES"]
+# Each adapter's version facts are import-free data in its _supported.py, read by path (no torch
+# import here). megatron-core lines (pinned release, pip flags, extra packages) and verl's release:
+MEGATRON_DATA = runpy.run_path(
+    str(PACKAGES / "rr-megatron-compat" / "src" / "rr_megatron_compat" / "_supported.py")
+)
+MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = MEGATRON_DATA[
+    "MEGATRON_LINES"
+]
 MEGATRON_TESTS = [
     PACKAGES / "rr-fakes" / "tests" / "megatron_harness",
     PACKAGES / "rr-megatron-compat" / "tests",
 ]
 # The vLLM release the real-class tests use, and what lets it import on CPU torch.
 VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
-# The verl release whose own engine code the verl session drives, and what it imports.
-VERL_DATA = runpy.run_path(str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "verl" / "_lines.py"))
+# The megatron-core lines the npu session runs (those MindSpeed users run).
+NPU_DATA = runpy.run_path(str(PACKAGES / "rr-npu" / "src" / "rr_npu" / "_supported.py"))
 
 
 def session(**kwargs: Any) -> Callable[[Callable[..., None]], object]:
@@ -284,7 +288,7 @@ def distributed(session: nox.Session, line: str) -> None:
     )
 
 
-NPU_LINES = ("0.12", "0.16")  # the lines MindSpeed users run
+NPU_LINES: tuple[str, ...] = NPU_DATA["MEGATRON_LINES"]
 
 
 #: The tests that depend on the megatron-core line under the emulated Ascend stack (the torch-only
@@ -335,10 +339,12 @@ VERL_TESTS = [
 def install_verl(session: nox.Session) -> None:
     """verl (no dependencies: its declared ones pull wandb, hydra, ...), what its Megatron
     engine module imports, and the megatron-core line it is driven on."""
-    release, flags, extras = MEGATRON_LINES[VERL_DATA["VERL_MEGATRON_LINE"]]
+    release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["VERL_MEGATRON_LINE"]]
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
-    install_with_torch(session, "--no-deps", f"verl=={VERL_DATA['VERL_RELEASE']}")
-    install_with_torch(session, *VERL_DATA["VERL_IMPORT_DEPS"], *VERL_DATA["VERL_ROLLOUT_DEPS"])
+    install_with_torch(session, "--no-deps", f"verl=={MEGATRON_DATA['VERL_RELEASE']}")
+    install_with_torch(
+        session, *MEGATRON_DATA["VERL_IMPORT_DEPS"], *MEGATRON_DATA["VERL_ROLLOUT_DEPS"]
+    )
 
 
 @session(python="3.11")

@@ -27,3 +27,14 @@ def test_readme_example_runs() -> None:
     with contextlib.redirect_stdout(out):
         exec(compile(blocks[0], str(README), "exec"), {"__name__": "readme"})
     assert out.getvalue().strip().endswith("{1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}")
+
+
+def test_readme_states_the_version_data() -> None:
+    from rr_megatron_compat._supported import MEGATRON_LINES
+    from rr_npu._supported import MEGATRON_LINES as NPU_LINES, SUPPORTED
+
+    text = " ".join(README.read_text().split())
+    assert f"`torch-npu{SUPPORTED['torch-npu']}`" in text
+    assert f"test ({' and '.join(NPU_LINES)})" in text
+    releases = " and ".join(MEGATRON_LINES[line][0] for line in NPU_LINES)
+    assert f"real megatron-core {releases}, the releases rr-megatron-compat pins" in text

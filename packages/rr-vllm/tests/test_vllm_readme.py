@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import re
+import tomllib
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).parents[1] / "README.md"
+from rr_vllm._supported import SUPPORTED, TESTED_VLLM
+
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.md"
 
 
 def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -20,3 +25,17 @@ def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "96000000 {'max_tokens': 2048, 'routed_experts_prompt_start': 0}" in out
     assert "[4] [True, True, True, False]" in out
     assert "1.44 12\ntorch.int16 [0, 5, 9]\n[[2, 3], [2, 3], [2, 3], [0, 0]]" in out
+
+
+def test_readme_extra_and_doctor_state_the_version_data() -> None:
+    text = " ".join(README.read_text().split())
+    spec = SUPPORTED["vllm"]
+    assert f"`vllm{spec}`" in text
+    assert f"(`TESTED_VLLM`, {TESTED_VLLM})" in text
+    low, tested_line = spec.split(",")[0].removeprefix(">="), TESTED_VLLM.rsplit(".", 1)[0]
+    assert f"vLLM ({low} → {tested_line})" in text
+    assert f"the real vLLM {tested_line} classes" in text
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert extras["optional-dependencies"]["vllm"] == [f"vllm{spec}"]
+    (entry,) = [e for e in entry_points(group="rr.supported") if e.name == "rr-vllm"]
+    assert entry.load() == SUPPORTED

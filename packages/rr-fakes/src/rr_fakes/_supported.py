@@ -1,5 +1,6 @@
-"""Version ranges this package supports, as plain data: docs, `rr doctor` and the nox matrix
-read them from here."""
+"""Version ranges rr-fakes declares for ``rr doctor`` (entry point ``rr.supported``): none of its
+own. Its CPU harness runs the megatron-core lines rr-megatron-compat supports and pins, which
+``rr_megatron_compat._supported`` holds."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import sys
@@ -22,6 +23,9 @@ def test_flags_describe_the_installed_line() -> None:
     assert flags.line in MEGATRON_LINES
     assert MEGATRON_LINES is supported.MEGATRON_LINES  # compat's data, not a second table
     assert supported.SUPPORTED["megatron-core"] == MEGATRON_RANGE
+    assert {f.name for f in dataclasses.fields(flags)} - {"version"} == set(
+        supported.HARNESS_FEATURES
+    )
 
 
 def cuda_surface() -> dict[str, object]:

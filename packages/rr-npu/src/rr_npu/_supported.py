@@ -1,6 +1,9 @@
-"""Version ranges this package supports, as plain data: docs, `rr doctor` and the nox matrix
-read them from here."""
-
-from __future__ import annotations
+"""Every version fact of rr-npu, as plain data with no imports: ``rr doctor`` reads ``SUPPORTED``
+(entry point ``rr.supported``) and the noxfile loads this file by path (one npu session per line
+in ``MEGATRON_LINES``, so nox never imports torch)."""
 
 SUPPORTED: dict[str, str] = {"torch-npu": ">=2.13,<2.15"}
+
+#: The megatron-core lines MindSpeed users run, which the npu session tests rr-npu on (each line's
+#: pinned release and pip flags are rr-megatron-compat's ``MEGATRON_LINES``).
+MEGATRON_LINES: tuple[str, ...] = ("0.12", "0.16")

@@ -1,5 +1,7 @@
-"""Version ranges this package supports, as plain data: docs, `rr doctor`, the nox matrix and the
-version flags (:mod:`rr_vllm._versions`) read them from here. This module imports nothing."""
+"""Every vLLM and SGLang version fact of rr-vllm, as plain data with no imports: the supported
+range (``rr doctor`` reads ``SUPPORTED``, entry point ``rr.supported``), what changed between
+releases (:mod:`rr_vllm._versions` turns it into flags), SGLang's capture fields, and the release
+the real-class tests pin, which the noxfile reads by path (so nox never imports torch)."""
 
 from __future__ import annotations
 
