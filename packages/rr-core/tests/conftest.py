@@ -5,17 +5,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from rr_core.replay.controller import attached_router_count
+from rr_fakes._pytest_support import _no_leaked_attachments
 
-
-@pytest.fixture(autouse=True)
-def _no_leaked_attachments() -> Iterator[None]:
-    """Fail a test that leaves routers attached to a controller: under xdist one worker runs
-    many tests, and a leaked attachment would make later routers replay."""
-    before = attached_router_count()
-    yield
-    leaked = attached_router_count() - before
-    assert leaked <= 0, f"test left {leaked} routers attached; call controller.detach()"
+__all__ = ["_no_leaked_attachments"]  # an autouse fixture: importing it here applies it
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rr_core.replay.controller import attached_router_count
+from rr_fakes._pytest_support import skip_folder
 from rr_fakes.megatron import unavailable_reason
 
 HERE = Path(__file__).parent
@@ -21,11 +22,7 @@ REASON = unavailable_reason()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if REASON is None:
-        return
-    for item in items:
-        if HERE in item.path.parents and not any(k in item.nodeid for k in NO_MEGATRON_NEEDED):
-            item.add_marker(pytest.mark.skip(reason=REASON))
+    skip_folder(items, HERE, REASON, keep=NO_MEGATRON_NEEDED)
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from rr_fakes._pytest_support import skip_folder
 from rr_fakes.megatron import unavailable_reason
 
 HERE = Path(__file__).parent
@@ -15,8 +16,4 @@ REASON = unavailable_reason()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if REASON is None:
-        return
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(pytest.mark.skip(reason=REASON))
+    skip_folder(items, HERE, REASON)

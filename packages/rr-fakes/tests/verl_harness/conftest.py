@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rr_fakes._pytest_support import skip_folder
 from rr_fakes.megatron import unavailable_reason as megatron_reason
 from rr_fakes.verl import unavailable_reason as verl_reason
 
@@ -18,11 +19,7 @@ REASON = megatron_reason() or verl_reason()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if REASON is None:
-        return
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(pytest.mark.skip(reason=REASON))
+    skip_folder(items, HERE, REASON)
 
 
 @pytest.fixture(autouse=True)
