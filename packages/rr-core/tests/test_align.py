@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rr_core.replay.align import align_routes, pad_rows, replay_mask_for_lengths, truncate_routes
 from rr_core.errors import AlignmentError, RouteValidationError
+from rr_core.replay.align import align_routes, pad_rows, replay_mask_for_lengths, truncate_routes
 from rr_core.routes.batch import RouteBatch, RouteMeta
 
 SETTINGS = settings(max_examples=100, deadline=None)

@@ -22,8 +22,12 @@ from rr_core.codecs.bitpack import (
     unpack_ids,
 )
 from rr_core.codecs.bitpack_bytes import BLOCK as BYTE_BLOCK
-from rr_core.codecs.bitpack_bytes import _decode_torch, _encode_torch, pack_byte_ids, unpack_byte_ids
-from rr_core.codecs.sets import rank_sets, set_width, unrank_sets
+from rr_core.codecs.bitpack_bytes import (
+    _decode_torch,
+    _encode_torch,
+    pack_byte_ids,
+    unpack_byte_ids,
+)
 from rr_core.codecs.encoding import (
     CODECS,
     EncodedRoutes,
@@ -32,6 +36,7 @@ from rr_core.codecs.encoding import (
     encode_routes,
     payload_bytes,
 )
+from rr_core.codecs.sets import rank_sets, set_width, unrank_sets
 from rr_core.errors import CodecError
 
 EXPERTS = (2, 8, 60, 64, 128, 160, 256, 257, 384, 512)

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rr_core import ReplayController, ReplayError, ReplayMode, RRWarning
 from rr_fakes._random_routes import distinct_ids

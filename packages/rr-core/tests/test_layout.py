@@ -13,6 +13,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from rr_core.errors import LayoutError
+from rr_core.layout.axis import (
+    all_layers_to_moe_layers,
+    axis_length,
+    moe_layers_to_all_layers,
+    select_stage,
+)
 from rr_core.layout.pipeline import (
     LayoutConfig,
     dense_layer_numbers,
@@ -28,12 +34,6 @@ from rr_core.layout.pipeline import (
     stage_moe_layer_numbers,
     stage_of_layer,
     virtual_stage_layer_counts,
-)
-from rr_core.layout.axis import (
-    all_layers_to_moe_layers,
-    axis_length,
-    moe_layers_to_all_layers,
-    select_stage,
 )
 
 Stage = tuple[int, int | None]

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rr_core.routes.axis import LayerAxis
 from rr_core.errors import LayoutError, RouteValidationError
+from rr_core.routes.axis import LayerAxis
 from rr_core.routes.batch import RouteBatch, RouteMeta, narrow_ids, narrowest_dtype
 
 LAYER_AXES_: tuple[LayerAxis, ...] = ("all_layers", "moe_layers")

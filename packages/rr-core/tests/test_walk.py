@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from rr_core import ReplayController, ReplayMode, WalkError, find_orphans, walk_routers

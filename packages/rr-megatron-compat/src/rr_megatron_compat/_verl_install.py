@@ -1,7 +1,7 @@
 """What switches a verl installation to rr, and back.
 
-Two layers, each a registry of ``(owner, attribute, original, replacement)`` restored only where
-rr's replacement is still in place (a foreign patch over it is never undone):
+Two layers, each a :class:`rr_core.patching.Patches` registry, restored only where rr's
+replacement is still in place (a foreign patch over it is never undone):
 
 - the router patch (``apply_router_replay_patch``): rr's Megatron hooks, every ``TopKRouter``
   built from now on is remembered weakly when its config enables replay (verl's
@@ -17,11 +17,11 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import wrapt
 
+from rr_core.patching import Patches
 from rr_megatron_compat._verl_replay import register_router, release_all, replay_enabled, view_of
 
 #: verl's router-replay modules (verl 0.9.1).
@@ -32,17 +32,9 @@ VERL_MODULES = (
 _ROUTER_MODULE = "megatron.core.transformer.moe.router"
 
 
-@dataclass
-class _Swap:
-    owner: Any
-    attribute: str
-    original: Any
-    replacement: Any
-
-
 _LOCK = threading.RLock()
-_ROUTER_SWAPS: list[_Swap] = []
-_MODULE_SWAPS: list[_Swap] = []
+_ROUTER_SWAPS = Patches()
+_MODULE_SWAPS = Patches()
 _ORIGINALS: dict[str, Any] = {}  # verl's own object of each name rr replaced
 _OWN_MEGATRON_INSTALL: list[bool] = []
 _MISSING = object()
@@ -71,27 +63,6 @@ class _RouterReplayAttribute:
         return view_of(router) if replay_enabled(getattr(router, "config", None)) else None
 
 
-def _swap(owner: Any, attribute: str, replacement: Any, log: list[_Swap]) -> None:
-    original = vars(owner).get(attribute, _MISSING)
-    setattr(owner, attribute, replacement)
-    log.append(_Swap(owner, attribute, original, replacement))
-
-
-def _restore(log: list[_Swap]) -> None:
-    while log:
-        entry = log.pop()
-        if vars(entry.owner).get(entry.attribute, _MISSING) is not entry.replacement:
-            continue  # someone patched over rr: leave theirs in place
-        if entry.original is _MISSING:
-            delattr(entry.owner, entry.attribute)
-        else:
-            setattr(entry.owner, entry.attribute, entry.original)
-
-
-def _ours(log: list[_Swap]) -> bool:
-    return bool(log) and all(vars(e.owner).get(e.attribute, _MISSING) is e.replacement for e in log)
-
-
 def apply_router_patch() -> None:
     """rr's Megatron hooks plus the router registry (idempotent)."""
     from rr_megatron_compat._install import install, is_installed
@@ -100,13 +71,13 @@ def apply_router_patch() -> None:
         if not is_installed():
             install()
             _OWN_MEGATRON_INSTALL.append(True)
-        if _ours(_ROUTER_SWAPS):
+        if _ROUTER_SWAPS.in_place():
             return
-        _restore(_ROUTER_SWAPS)
+        _ROUTER_SWAPS.restore()
         router_cls = importlib.import_module(_ROUTER_MODULE).TopKRouter
-        _swap(router_cls, "__init__", _RegisterBuilt(vars(router_cls)["__init__"]), _ROUTER_SWAPS)
+        _ROUTER_SWAPS.set(router_cls, "__init__", _RegisterBuilt(vars(router_cls)["__init__"]))
         if "router_replay" not in vars(router_cls):
-            _swap(router_cls, "router_replay", _RouterReplayAttribute(), _ROUTER_SWAPS)
+            _ROUTER_SWAPS.set(router_cls, "router_replay", _RouterReplayAttribute())
 
 
 def remove_router_patch() -> None:
@@ -116,7 +87,7 @@ def remove_router_patch() -> None:
 
     with _LOCK:
         release_all()
-        _restore(_ROUTER_SWAPS)
+        _ROUTER_SWAPS.restore()
         if _OWN_MEGATRON_INSTALL:
             _OWN_MEGATRON_INSTALL.clear()
             uninstall()
@@ -130,8 +101,8 @@ def install() -> tuple[str, ...]:
 
     with _LOCK:
         apply_router_patch()
-        if not _ours(_MODULE_SWAPS):
-            _restore(_MODULE_SWAPS)
+        if not _MODULE_SWAPS.in_place():
+            _MODULE_SWAPS.restore()
             sources = [importlib.import_module(name) for name in VERL_MODULES]
             _ORIGINALS.clear()
             for module in sources:
@@ -142,8 +113,8 @@ def install() -> tuple[str, ...]:
             for module in _verl_modules():
                 for name, original in _ORIGINALS.items():
                     if vars(module).get(name, _MISSING) is original:
-                        _swap(module, name, getattr(ours, name), _MODULE_SWAPS)
-        return tuple(f"{e.owner.__name__}.{e.attribute}" for e in _MODULE_SWAPS)
+                        _MODULE_SWAPS.set(module, name, getattr(ours, name))
+        return tuple(f"{owner.__name__}.{attribute}" for owner, attribute in _MODULE_SWAPS)
 
 
 def _verl_modules() -> list[Any]:
@@ -161,7 +132,7 @@ def uninstall() -> None:
     import rr_megatron_compat.verl as ours
 
     with _LOCK:
-        _restore(_MODULE_SWAPS)
+        _MODULE_SWAPS.restore()
         for module in _verl_modules() if _ORIGINALS else []:
             for name, original in _ORIGINALS.items():
                 if vars(module).get(name, _MISSING) is getattr(ours, name):
@@ -173,4 +144,4 @@ def uninstall() -> None:
 def is_installed() -> bool:
     """Whether verl's router-replay names are rr's right now."""
     with _LOCK:
-        return _ours(_MODULE_SWAPS) and _ours(_ROUTER_SWAPS)
+        return _MODULE_SWAPS.in_place() and _ROUTER_SWAPS.in_place()

@@ -22,6 +22,7 @@ from typing import Any
 
 import rr_megatron_compat as rmc
 from rr_core import ReplayController, ReplayError
+from rr_core.patching import Patches
 from rr_npu._gating import install_gating_guard, uninstall_gating_guard, unwatch, watch
 from rr_npu._mindspeed import (
     check_config_signatures,
@@ -31,7 +32,7 @@ from rr_npu._mindspeed import (
 
 _LOCK = threading.RLock()
 _STATE: dict[str, Any] = {"installed": False, "force": False}
-_HOOKED: list[tuple[Any, Any, bool]] = []  # (manager, raw original, was in own __dict__)
+_HOOKED = Patches()  # MindSpeed patch managers whose apply_patches rr wraps
 
 
 class ReinstallAfterApply:
@@ -50,26 +51,16 @@ class ReinstallAfterApply:
 
 def _hook_patch_manager() -> None:
     manager = patch_manager()
-    if manager is None or any(m is manager for m, _, _ in _HOOKED):
+    if manager is None or _HOOKED.holds(manager, "apply_patches"):
         return
     current = getattr(manager, "apply_patches", None)
     if current is None or isinstance(current, ReinstallAfterApply):
         return
-    own = "apply_patches" in vars(manager)
-    raw = vars(manager)["apply_patches"] if own else None
-    setattr(manager, "apply_patches", ReinstallAfterApply(current))  # noqa: B010
-    _HOOKED.append((manager, raw, own))
+    _HOOKED.set(manager, "apply_patches", ReinstallAfterApply(current))
 
 
 def _unhook_patch_managers() -> None:
-    while _HOOKED:
-        manager, raw, own = _HOOKED.pop()
-        if not isinstance(vars(manager).get("apply_patches"), ReinstallAfterApply):
-            continue  # someone replaced it since; leave theirs
-        if own:
-            setattr(manager, "apply_patches", raw)  # noqa: B010
-        else:
-            delattr(manager, "apply_patches")
+    _HOOKED.restore()  # a manager someone re-patched since keeps theirs
 
 
 def _reinstall() -> tuple[str, ...]:
