@@ -41,3 +41,17 @@ def _no_leaked_patches() -> Iterator[None]:
         uninstall()
     assert not hooks, f"test left rr's hooks installed: {hooks}; call uninstall()"
     assert leaked <= 0, f"test left {leaked} routers attached; call controller.detach()"
+
+
+@pytest.fixture
+def megatron() -> Iterator[None]:
+    """One model-parallel process group with rr's Megatron hooks installed, for one test."""
+    import rr_megatron_compat as rmc
+    from rr_fakes.megatron import model_parallel
+
+    with model_parallel():
+        rmc.install()
+        try:
+            yield
+        finally:
+            rmc.uninstall()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,17 +11,7 @@ from packaging.version import Version
 import rr_megatron_compat as rmc
 from compat_megatron_steps import E, K, build, capture_maps, inputs, random_targets, routers, step
 from rr_core import ReplayController, ReplayError, ReplayMode
-from rr_fakes.megatron import TinyGPTConfig, build_gpt, model_parallel, transformer_config
-
-
-@pytest.fixture
-def megatron() -> Iterator[None]:
-    with model_parallel():
-        rmc.install()
-        try:
-            yield
-        finally:
-            rmc.uninstall()
+from rr_fakes.megatron import TinyGPTConfig, build_gpt, transformer_config
 
 
 def _line_has_fusion() -> bool:

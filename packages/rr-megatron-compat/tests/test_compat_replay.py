@@ -3,7 +3,6 @@ for every router variant, with Megatron's activation recompute in backward."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +23,6 @@ from compat_megatron_steps import (
     step,
 )
 from rr_core import ReplayController, ReplayError, ReplayMode, controller_of
-from rr_fakes.megatron import model_parallel
 
 
 def _line() -> Version:
@@ -35,16 +33,6 @@ def _line() -> Version:
 
 
 LINE = _line()
-
-
-@pytest.fixture
-def megatron() -> Iterator[None]:
-    with model_parallel():
-        rmc.install()
-        try:
-            yield
-        finally:
-            rmc.uninstall()
 
 
 def controller_for(model: Any, **kw: Any) -> ReplayController:
