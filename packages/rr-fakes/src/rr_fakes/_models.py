@@ -1,5 +1,10 @@
 """Tiny token-in, logits-out MoE models shaped like Megatron's GPTModel where replay looks.
 
+How they differ from :mod:`rr_fakes._tiny_moe` (the causal model the rollout emulator
+samples from): every token routes on its own (no token mixing), and the layouts that broke
+replay in the field are built in (pipeline chunks, dense, hash-routed and MTP layers, orphan
+routers); :mod:`rr_fakes._builders` assembles them.
+
 Shapes: N tokens (flattened), H hidden, E experts, K top-k, V vocabulary, L MoE layers.
 
 What matters to replay is mirrored: decoder layers carry a global 1-based ``layer_number``,

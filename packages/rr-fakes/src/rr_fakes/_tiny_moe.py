@@ -1,5 +1,10 @@
 """A tiny causal MoE language model for rollout emulation, torch only.
 
+How it differs from :mod:`rr_fakes._models` (``FakeMoEModel``, the Megatron-shaped stack for
+layout and replay tests): tokens mix causally here, so a route depends on the prefix and the
+emulator's prefill and decode steps route like an engine's; there are no pipeline chunks, hash
+or MTP layers. Its :class:`TinyRouter` is a plain softmax router, not :class:`FakeTopKRouter`.
+
 It has the shape replay code looks for: ``model.decoder.layers[i]`` with a global 1-based
 ``layer_number``, and on MoE layers a ``router`` (class name ending in ``Router``) whose top-k
 step goes through :func:`rr_core.router_topk`. Token mixing is a causal running mean, so the
