@@ -25,7 +25,7 @@ nox.options.sessions = ["lint", "core", "vllm", "megatron", "distributed", "npu"
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
 TORCH = "torch==2.13.0"
-ALL_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes")
+ALL_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes", "rr-demo")
 # xdist by default; a fixed hypothesis seed so a gate run is reproducible (run pytest directly,
 # or pass posargs, to explore new examples).
 PYTEST_DEFAULTS = ["-n", "auto", "-q", "--hypothesis-seed=0"]
@@ -41,6 +41,7 @@ MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = MEGATR
 MEGATRON_TESTS = [
     PACKAGES / "rr-fakes" / "tests" / "megatron_harness",
     PACKAGES / "rr-megatron-compat" / "tests",
+    PACKAGES / "rr-demo" / "tests",  # the main job's chain holds on every line
 ]
 # The vLLM release the real-class tests use, and what lets it import on CPU torch.
 VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
@@ -250,10 +251,11 @@ def bench_table(figures: dict[str, Any]) -> str:
 @session(python="3.11")
 @nox.parametrize("line", list(MEGATRON_LINES), ids=list(MEGATRON_LINES))
 def megatron(session: nox.Session, line: str) -> None:
-    """Real megatron-core on CPU, one pinned release per line: harness and compat tests."""
+    """Real megatron-core on CPU, one pinned release per line: harness, compat and demo tests."""
     release, flags, extras = MEGATRON_LINES[line]
     install_with_torch(
-        session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm")
+        session,
+        *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-demo"),
     )
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     report_versions(session)
@@ -322,7 +324,7 @@ def demo(session: nox.Session) -> None:
     install_with_torch(session, "--no-deps", f"vllm=={VLLM_DATA['TESTED_VLLM']}")
     install_with_torch(session, *VLLM_DATA["VLLM_IMPORT_DEPS"])
     install_with_torch(
-        session, *editable("rr-core", "rr-fakes[demo]", "rr-megatron-compat", "rr-vllm")
+        session, *editable("rr-core", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-demo[plot]")
     )
     session.run("rr", "demo", *(session.posargs or ["--plot", str(ROOT / "rr-demo.png")]))
 

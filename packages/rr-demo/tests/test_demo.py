@@ -10,7 +10,7 @@ from importlib.metadata import version
 
 import pytest
 
-from rr_fakes._demo import DemoConfig, run_demo
+from rr_demo import DemoConfig, run_demo
 from rr_fakes.megatron._lines import MEGATRON_LINES
 
 
@@ -48,3 +48,13 @@ def test_rr_demo_json_has_the_documented_keys() -> None:
     ):
         assert key in report
     assert set(report["bytes_per_token"]) == {"raw", "packed", "set"}
+
+
+def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out.split()[0] == "0.0"

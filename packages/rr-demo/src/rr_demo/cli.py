@@ -1,8 +1,7 @@
 """``rr demo``: the main job end to end on CPU (real megatron-core, emulated engine).
 
-Registered through the ``rr.commands`` entry point of rr-fakes: the demo is an emulation, so
-it lives with the emulator; production packages never import it. Nothing heavy is imported
-until the command runs.
+Registered through rr-demo's ``rr.commands`` entry point. Nothing heavy is imported until the
+command runs, so ``rr --help`` and ``rr doctor`` stay fast.
 """
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ def plot(result: Any, path: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from rr_fakes._demo import DemoConfig, run_demo
+    from rr_demo.run import DemoConfig, run_demo
 
     stages = 6
     with tqdm(total=stages, desc="rr demo", unit="stage", disable=args.json) as bar:

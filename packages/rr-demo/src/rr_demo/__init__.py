@@ -1,0 +1,13 @@
+"""rr_demo: the main job of routing replay, end to end on CPU.
+
+Noisy rollouts from an emulated engine, routes captured exactly as vLLM returns them, decoded
+and validated by ``rr_vllm``, stored with ``rr_core``'s codecs, then the real megatron-core
+trainer without and with R3 replay through ``rr_megatron_compat``. It is the only rr package
+that imports both adapters; nothing imports it. Names load on first use.
+"""
+
+import lazy_loader
+
+__version__ = "0.1.0"
+
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

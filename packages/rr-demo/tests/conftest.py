@@ -1,0 +1,19 @@
+"""The demo needs a megatron-core install; without one every test here is skipped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rr_fakes._pytest_support import _no_leaked_attachments, skip_folder
+from rr_fakes.megatron import unavailable_reason
+
+__all__ = ["_no_leaked_attachments"]  # the autouse fixture, active in this folder
+
+HERE = Path(__file__).parent
+REASON = unavailable_reason()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_folder(items, HERE, REASON)
