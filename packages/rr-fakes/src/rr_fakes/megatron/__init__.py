@@ -2,8 +2,8 @@
 process groups with Megatron's parallel state, a multi-process launcher, and builders of tiny
 GPTModel MoE models.
 
-Names load on first use (PEP 562): importing this package imports neither megatron nor torch,
-so the version table in ``_lines`` stays cheap to read.
+Names load on first use (lazy_loader): importing this package imports neither megatron nor torch,
+so the version table (``MEGATRON_LINES``, rr_megatron_compat's data) stays cheap to read.
 """
 
 import lazy_loader

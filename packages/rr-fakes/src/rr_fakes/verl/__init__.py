@@ -2,8 +2,8 @@
 under verl's router replay patch, the TensorDict its ``forward_backward_batch`` consumes, and a
 loss in its signature.
 
-Names load on first use (PEP 562): importing this package imports neither verl, megatron nor
-torch, so the release pins in ``_lines`` stay cheap to read.
+Names load on first use (lazy_loader): importing this package imports neither verl, megatron nor
+torch, so the release pins (rr_megatron_compat's data) stay cheap to read.
 """
 
 import lazy_loader
