@@ -91,7 +91,7 @@ def samples(data: bytes) -> list[int]:
     return sorted(picked)
 
 
-def test_every_truncation_raises_naming_the_file(tmp_path: Path) -> None:
+def test_a_truncation_in_any_region_raises_naming_the_file(tmp_path: Path) -> None:
     path = save_routes(tmp_path / "r.rr", small_batch())
     data = path.read_bytes()
     cut = tmp_path / "cut.rr"
@@ -104,7 +104,7 @@ def test_every_truncation_raises_naming_the_file(tmp_path: Path) -> None:
 
 def test_a_bit_flip_in_any_region_is_detected(tmp_path: Path) -> None:
     path = save_routes(tmp_path / "r.rr", small_batch(), codec="packed")
-    data = bytearray(path.read_bytes())
+    data = path.read_bytes()
     bad = tmp_path / "flip.rr"
     assert {0, len(data) - 1} <= set(samples(data))
     for byte in samples(data):
