@@ -95,9 +95,11 @@ def pytest_runs(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tu
 
 
 def collected_files(args: tuple[str, ...]) -> set[Path]:
-    """The test files one pytest command line collects: its paths minus its ``--ignore``s."""
-    paths = [Path(a) for a in args if not a.startswith("-") and Path(a).exists()]
+    """The test files one pytest command line collects: its paths minus its ``--ignore``s (the
+    noxfile names both absolutely; each must exist, or pytest errors or ignores nothing)."""
+    paths = [Path(a) for a in args if Path(a).is_absolute()]
     ignored = [Path(a.removeprefix("--ignore=")) for a in args if a.startswith("--ignore=")]
+    assert all(p.exists() for p in paths + ignored), [p for p in paths + ignored if not p.exists()]
     found = {f for p in paths for f in ([p] if p.is_file() else p.rglob("test_*.py"))}
     return {f for f in found if not any(f == i or i in f.parents for i in ignored)}
 
@@ -105,6 +107,7 @@ def collected_files(args: tuple[str, ...]) -> set[Path]:
 def test_every_test_file_runs_in_exactly_one_session(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    assert all((ROOT / p).exists() for paths in NOT_RUN_IN.values() for p in paths)
     where: dict[Path, set[str]] = {}
     for name, arg_lists in pytest_runs(tmp_path, monkeypatch).items():
         skipped = [ROOT / p for p in NOT_RUN_IN.get(name, ())]
