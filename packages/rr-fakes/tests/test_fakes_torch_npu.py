@@ -26,10 +26,21 @@ def test_npu_device_parses_but_cannot_allocate() -> None:
         assert torch.npu is emu.npu  # type: ignore[attr-defined]
         with pytest.raises(NotImplementedError):
             torch.empty(2, device="npu:0")
-    assert not hasattr(torch, "npu")
     assert "torch_npu" not in sys.modules
-    assert "torch.npu" not in sys.modules
+    assert torch.npu is not emu.npu  # type: ignore[attr-defined]
+    assert not torch.npu.is_available()  # type: ignore[attr-defined]
+    assert torch.npu.device_count() == 0  # type: ignore[attr-defined]
     assert torch.device("npu:0").type == "npu"  # the rename is once per process
+
+
+def test_torch_accelerator_queries_work_after_the_emulation() -> None:
+    with emulated_torch_npu(device_count=2):
+        assert torch.get_device_module("npu").is_available()
+    assert torch.accelerator.current_accelerator(check_available=True) is None
+    x = torch.ones(3, requires_grad=True)
+    y = torch.utils.checkpoint.checkpoint(torch.sin, x, use_reentrant=False)
+    y.sum().backward()  # checkpoint asks torch for the accelerator on every call
+    assert torch.allclose(x.grad, torch.cos(x.detach()))
 
 
 def test_fake_device_module() -> None:

@@ -15,7 +15,9 @@ What it mirrors:
 
 ``torch.utils.rename_privateuse1_backend`` can be called only once per process (a second call
 with another name raises), so the rename is permanent: after the context exits ``npu:0`` still
-parses, but ``torch.npu`` and ``sys.modules["torch_npu"]`` are gone. A process whose
+parses and ``sys.modules["torch_npu"]`` is gone. torch then takes "npu" for the process's
+accelerator, and its accelerator queries (``torch.utils.checkpoint`` asks one on every call) need
+a ``torch.npu`` module, so an unavailable one with no devices stays in place. A process whose
 PrivateUse1 backend already has another name cannot use this emulation.
 
 Shapes: T tokens, E experts, K top-k.
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch.utils.backend_registration import rename_privateuse1_backend
 
 # The one table of what HCCL accepts lives with the policy that depends on it (an import-free
@@ -113,6 +116,10 @@ class FakeNpuModule(types.ModuleType):
         return None
 
 
+# ``torch.npu`` between emulations: the renamed backend's module, with no device.
+_IDLE = FakeNpuModule(0, available=False)
+
+
 @dataclass(frozen=True)
 class GatingCall:
     """One recorded call of the fused gating op."""
@@ -183,9 +190,10 @@ def emulated_torch_npu(
 ) -> Iterator[EmulatedTorchNpu]:
     """Install ``torch_npu`` and ``torch.npu`` emulations; remove both on exit (the backend
     rename stays, see the module doc)."""
-    if "torch_npu" in sys.modules or hasattr(torch, NPU):
+    if "torch_npu" in sys.modules or getattr(torch, NPU, _IDLE) is not _IDLE:
         raise RuntimeError("torch_npu or torch.npu already present; the emulation needs neither")
     ensure_npu_backend_name()
+    _unregister_npu_module()
     npu = FakeNpuModule(device_count, available)
     module = types.ModuleType("torch_npu", "Emulated torch_npu (rr_fakes).")
     handle = EmulatedTorchNpu(module=module, npu=npu)
@@ -199,9 +207,21 @@ def emulated_torch_npu(
         yield handle
     finally:
         sys.modules.pop("torch_npu", None)
-        sys.modules.pop("torch.npu", None)
         if getattr(torch, NPU, None) is npu:
-            delattr(torch, NPU)
+            _unregister_npu_module()
+            torch._register_device_module(NPU, _IDLE)  # type: ignore[no-untyped-call]
+
+
+def _unregister_npu_module() -> None:
+    """Remove ``torch.npu`` and what torch cached from it (the device-module lookup and
+    checkpoint's default device type), so no later query answers from a removed emulation."""
+    if hasattr(torch, NPU):
+        delattr(torch, NPU)
+    sys.modules.pop("torch.npu", None)
+    torch.get_device_module.cache_clear()
+    checkpoint_default = torch.utils.checkpoint.DefaultDeviceType
+    if checkpoint_default._default_device_type == NPU:
+        checkpoint_default._default_device_type = None
 
 
 _TRAP_MODULE = '''\
