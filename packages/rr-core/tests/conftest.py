@@ -5,7 +5,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from rr_fakes._pytest_support import _no_leaked_attachments
+from rr_fakes.pytest_support import _no_leaked_attachments
 
 __all__ = ["_no_leaked_attachments"]  # an autouse fixture: importing it here applies it
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rr_core import ReplayController, ReplayError, ReplayMode, RRWarning
-from rr_fakes._random_routes import distinct_ids
+from rr_fakes import distinct_ids
 
 from rr_core_testing import TinyModel
 

@@ -13,10 +13,8 @@ from torch import nn
 
 import rr_megatron_compat as rmc
 from rr_core import ReplayController
-from rr_fakes._random_routes import distinct_ids
-from rr_fakes.megatron import TinyGPTConfig, build_gpt, gpt_inputs, train_step
-from rr_fakes.megatron._capture import route_log
-from rr_fakes.megatron._gpt import RECOMPUTE
+from rr_fakes import distinct_ids
+from rr_fakes.megatron import RECOMPUTE, TinyGPTConfig, build_gpt, gpt_inputs, route_log, train_step
 
 E, K = 8, 2
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rr_core.replay.controller import attached_router_count
-from rr_fakes._pytest_support import skip_folder
 from rr_fakes.megatron import unavailable_reason
+from rr_fakes.pytest_support import skip_folder
 
 HERE = Path(__file__).parent
 #: Tests that run without megatron-core (version flags, lazy imports, the doctor view).

@@ -31,7 +31,8 @@ def test_readme_example_runs() -> None:
 
 def test_readme_states_the_version_data() -> None:
     from rr_megatron_compat._supported import MEGATRON_LINES
-    from rr_npu._supported import MEGATRON_LINES as NPU_LINES, SUPPORTED
+    from rr_npu._supported import MEGATRON_LINES as NPU_LINES
+    from rr_npu._supported import SUPPORTED
 
     text = " ".join(README.read_text().split())
     assert f"`torch-npu{SUPPORTED['torch-npu']}`" in text

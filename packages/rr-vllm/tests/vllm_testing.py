@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rr_core import RouteMeta
-from rr_fakes._random_routes import distinct_ids
+from rr_fakes import distinct_ids
 
 
 def make_meta(

@@ -27,10 +27,9 @@ from rr_core import (
     load_routes,
     save_routes,
 )
-from rr_fakes._rollout import Rollout, RolloutEmulator
+from rr_fakes import Rollout, RolloutEmulator
 from rr_fakes.engines import VllmEra
-from rr_fakes.megatron._capture import route_log
-from rr_fakes.megatron._gpt import RECOMPUTE, train_step
+from rr_fakes.megatron import RECOMPUTE, route_log, train_step
 
 
 @dataclass(frozen=True, kw_only=True)

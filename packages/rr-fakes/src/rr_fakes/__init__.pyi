@@ -23,6 +23,7 @@ from ._models import (
     run_chunks as run_chunks,
     stacked_ids as stacked_ids,
 )
+from ._random_routes import distinct_ids as distinct_ids
 from ._rollout import (
     Rollout as Rollout,
     RolloutEmulator as RolloutEmulator,

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from rr_core import LayoutConfig, moe_pattern as layout_moe_pattern
+from rr_core import LayoutConfig
+from rr_core import moe_pattern as layout_moe_pattern
 from rr_fakes._models import (
     FakeDecoder,
     FakeDenseLayer,

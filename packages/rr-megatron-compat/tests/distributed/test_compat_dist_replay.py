@@ -44,8 +44,7 @@ def build_chunks(recompute: bool = False, **kw: Any) -> list[torch.nn.Module]:
     """This rank's model chunks with the replay flag set on the config where the line has one
     (what ``enable_replay`` does)."""
     import rr_megatron_compat as rmc
-    from rr_fakes.megatron import TinyGPTConfig, build_gpt_chunks
-    from rr_fakes.megatron._gpt import RECOMPUTE
+    from rr_fakes.megatron import RECOMPUTE, TinyGPTConfig, build_gpt_chunks
 
     extra = dict(kw.pop("extra", {}))
     if recompute:
@@ -88,7 +87,7 @@ def capture_ids(
     """Per layer, the expert ids of every routing map its router returned, in call order: under
     ``forward`` for forwards, ``recompute`` for Megatron's recompute inside backward. Per layer
     both come in micro-batch order (the schedules run each chunk's micro-batches in order)."""
-    from rr_fakes.megatron._capture import route_log
+    from rr_fakes.megatron import route_log
 
     seen: dict[str, dict[int, list[list[list[int]]]]] = {}
     with route_log(chunks) as log:
@@ -114,7 +113,7 @@ def router_grads(chunks: Sequence[torch.nn.Module]) -> dict[int, float]:
 
 def distinct_targets(mb: int, layers: int, seed: int) -> torch.Tensor:
     """``[T, layers, K]`` with K distinct ids per row; the same on every rank for (mb, seed)."""
-    from rr_fakes._random_routes import distinct_ids
+    from rr_fakes import distinct_ids
 
     return distinct_ids(T, layers, num_experts=E, top_k=K, seed=seed * 1000 + mb)
 

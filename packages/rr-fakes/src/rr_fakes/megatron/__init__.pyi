@@ -1,6 +1,11 @@
 """The public names of rr_fakes.megatron, each listed once. ``__init__.py`` loads each name from its
 module on first use (lazy_loader)."""
 
+from ._capture import (
+    RouteLog as RouteLog,
+    map_ids as map_ids,
+    route_log as route_log,
+)
 from ._dist import (
     ParallelSizes as ParallelSizes,
     free_port as free_port,
@@ -13,6 +18,7 @@ from ._flags import (
     megatron_flags as megatron_flags,
 )
 from ._gpt import (
+    RECOMPUTE as RECOMPUTE,
     TinyGPTConfig as TinyGPTConfig,
     build_gpt as build_gpt,
     build_gpt_chunks as build_gpt_chunks,

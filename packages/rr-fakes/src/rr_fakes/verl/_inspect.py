@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rr_core import LayoutConfig, moe_pattern
-from rr_fakes._random_routes import distinct_ids
+from rr_fakes import distinct_ids
 from rr_fakes.megatron._capture import RouteLog, route_log
 from rr_fakes.megatron._gpt import TinyGPTConfig
 
