@@ -40,6 +40,16 @@ def test_a_patch_over_rr_is_never_undone() -> None:
     assert (module.op, module.other) == ("theirs", "x")
 
 
+def test_forced_restore_puts_the_originals_back_over_later_changes() -> None:
+    module = types.SimpleNamespace(flag=False)
+    patches = Patches()
+    patches.set(module, "flag", True)
+    patches.set(module, "added", 1)
+    module.flag, module.added = "changed", 2
+    assert patches.restore(force=True) == 2
+    assert vars(module) == {"flag": False}
+
+
 @given(st.lists(st.sampled_from(["a", "b", "c"]), max_size=8))
 def test_stacked_patches_unwind_to_the_start(names: list[str]) -> None:
     module = types.SimpleNamespace(a=0, b=1)

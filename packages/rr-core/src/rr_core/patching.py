@@ -40,16 +40,18 @@ class Patches:
         setattr(owner, attribute, value)
         self._entries.append(_Entry(owner, attribute, original, value))
 
-    def restore(self) -> int:
+    def restore(self, *, force: bool = False) -> int:
         """Put back every original where rr's value is still in place, last first; returns how
-        many were put back. The registry is empty afterwards."""
+        many were put back. The registry is empty afterwards. ``force`` puts originals back
+        even where the value changed since (a test harness putting the process back as it was)."""
         restored = 0
         while self._entries:
             entry = self._entries.pop()
-            if not entry.in_place():
+            if not (force or entry.in_place()):
                 continue  # patched over since: leave theirs
             if entry.original is _ABSENT:
-                delattr(entry.owner, entry.attribute)
+                if entry.attribute in vars(entry.owner):  # (forced: it may be gone already)
+                    delattr(entry.owner, entry.attribute)
             else:
                 setattr(entry.owner, entry.attribute, entry.original)
             restored += 1

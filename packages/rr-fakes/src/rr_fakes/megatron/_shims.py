@@ -21,28 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
+from rr_core.patching import Patches
 from rr_fakes.megatron._flags import MegatronFlags, megatron_flags
-
-_MISSING = object()
-
-
-class _Patches:
-    """Registry of the attributes set by the harness, restored last-first."""
-
-    def __init__(self) -> None:
-        self._saved: list[tuple[Any, str, Any]] = []
-
-    def set(self, owner: Any, name: str, value: Any) -> None:
-        self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
-        setattr(owner, name, value)
-
-    def undo(self) -> None:
-        while self._saved:
-            owner, name, original = self._saved.pop()
-            if original is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
 
 
 # -- CUDA runtime stand-ins ----------------------------------------------------------------------
@@ -280,7 +260,7 @@ _TRACKER_CLASS: type | None = None
 _depth = 0
 
 
-def _apply(flags: MegatronFlags, patches: _Patches) -> None:
+def _apply(flags: MegatronFlags, patches: Patches) -> None:
     global _TRACKER_CLASS
     if flags.needs_triton and "triton" not in sys.modules:
         _warm_torch_compile()
@@ -339,7 +319,7 @@ def megatron_cpu() -> Iterator[MegatronFlags]:
         finally:
             _depth -= 1
         return
-    patches = _Patches()
+    patches = Patches()
     mode = _CudaToCpuMode()
     _depth += 1
     try:
@@ -349,7 +329,7 @@ def megatron_cpu() -> Iterator[MegatronFlags]:
     finally:
         _depth -= 1
         _remove_triton_stub()
-        patches.undo()
+        patches.restore(force=True)  # whatever megatron changed since, put the process back
 
 
 @functools.cache
