@@ -38,10 +38,10 @@ if REASON is None:
         RESPONSES,
         build_verl_chunks,
         moe_column,
-        packed,
         perturb,
         rollout_routes,
         route_log,
+        routed_as,
         routers,
         run_step,
         tiny_config,
@@ -70,10 +70,6 @@ def engine_for(
         finally:
             if rr:
                 rv.uninstall()
-
-
-def sorted_rows(log: Any, layer: int, recompute: bool) -> torch.Tensor:
-    return log.rows(layer, recompute=recompute).sort(-1).values
 
 
 def run_r2(
@@ -105,15 +101,12 @@ def run_r2(
             "layers": layers,
             "instances": len(rv.RouterReplay.router_instances) if rr else None,
         }
+        passes = [(False, native), (False, replay)] + ([(True, replay)] if recompute else [])
         for layer in layers:
-            target = packed(routes, moe_column(engine.tf_config, layer, len(layers)))
-            passes = [(False, native), (False, replay)] + ([(True, replay)] if recompute else [])
             for rec, log in passes:
-                used = sorted_rows(log, layer, rec)
-                if kind == "dynamic":  # rows in another order: compare as multisets
-                    assert sorted(map(tuple, used.tolist())) == sorted(map(tuple, target.tolist()))
-                else:
-                    assert torch.equal(used, target), f"layer {layer}, recompute={rec}"
+                assert routed_as(
+                    log, routes, engine.tf_config, layer, recompute=rec, reordered=kind == "dynamic"
+                ), f"layer {layer}, recompute={rec}"
         return result
 
 
@@ -170,7 +163,7 @@ def run_r3(kind: str, recompute: bool, freq: Any, all_layers: bool, *, rr: bool)
             column = moe_column(engine.tf_config, layer, columns)
             target = torch.cat([r[:, column, :].long() for r in routes]).sort(-1).values
             for rec in [False, True] if recompute else [False]:
-                used = sorted_rows(log, layer, rec)
+                used = log.rows(layer, recompute=rec).sort(-1).values
                 assert torch.equal(used[keep], target), f"layer {layer}, recompute={rec}"
         return {
             "log_probs": out["model_output"]["log_probs"].values().detach(),

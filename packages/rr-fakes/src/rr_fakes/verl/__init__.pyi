@@ -26,6 +26,7 @@ from ._inspect import (
     perturb as perturb,
     rollout_routes as rollout_routes,
     route_log as route_log,
+    routed_as as routed_as,
     routers as routers,
     zero_grads as zero_grads,
 )

@@ -50,6 +50,25 @@ def moe_column(tf_config: Any, layer: int, columns: int) -> int:
     return sum(moe_pattern(layout)[: layer - 1])
 
 
+def routed_as(
+    log: RouteLog,
+    routes: torch.Tensor,
+    tf_config: Any,
+    layer: int,
+    *,
+    recompute: bool,
+    reordered: bool = False,
+) -> bool:
+    """Whether ``layer``'s router routed exactly its column of the jagged ``routes`` in the logged
+    forward (``recompute=False``) or recompute pass, ids sorted per row: row for row, or as a
+    multiset of rows when the batch was ``reordered`` (dynamic batching)."""
+    used = log.rows(layer, recompute=recompute).sort(-1).values
+    target = packed(routes, moe_column(tf_config, layer, routes.shape[-2]))
+    if reordered:
+        return sorted(map(tuple, used.tolist())) == sorted(map(tuple, target.tolist()))
+    return torch.equal(used, target)
+
+
 def perturb(chunks: Sequence[nn.Module], seed: int = 7) -> None:
     """Move every router's weights so that native routing changes (replay must undo it)."""
     generator = torch.Generator().manual_seed(seed)
