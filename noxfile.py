@@ -91,7 +91,8 @@ def report_versions(session: nox.Session) -> None:
 @session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff check and format, mypy (strict on rr_core), import-linter layer contracts."""
-    install_with_torch(session, "ruff", "mypy", "import-linter", *editable(*ALL_PACKAGES))
+    # pytest too: rr_fakes.pytest_support is typed against it
+    install_with_torch(session, "ruff", "mypy", "import-linter", "pytest", *editable(*ALL_PACKAGES))
     report_versions(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
