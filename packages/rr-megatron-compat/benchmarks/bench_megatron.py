@@ -27,9 +27,7 @@ def run(rounds: int, hidden: int, seq: int, microbatches: int) -> dict[str, Any]
     with model_parallel():
         rmc.install()
         try:
-            extra: dict[str, Any] = {"moe_enable_routing_replay": True}
-            if not rmc.megatron_line().native_replay:
-                extra = {}
+            extra: dict[str, Any] = rmc.replay_config_fields()
             config = TinyGPTConfig(
                 hidden_size=hidden,
                 ffn_hidden_size=2 * hidden,

@@ -21,9 +21,7 @@ E, K = 8, 2
 
 def replay_extra(**extra: Any) -> dict[str, Any]:
     """``extra`` plus the replay flag where the line has one (what enable_replay sets)."""
-    if rmc.megatron_line().native_replay:
-        extra.setdefault("moe_enable_routing_replay", True)
-    return extra
+    return {**rmc.replay_config_fields(), **extra}
 
 
 def build(recompute: bool = False, **kw: Any) -> nn.Module:

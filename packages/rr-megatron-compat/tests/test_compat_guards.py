@@ -35,6 +35,14 @@ def test_replay_flag_is_set_on_the_instance_never_the_class(megatron: None) -> N
         assert TransformerConfig.moe_enable_routing_replay is False
 
 
+def test_replay_config_fields_build_a_config_that_replays(megatron: None) -> None:
+    fields = rmc.replay_config_fields()
+    assert fields == (
+        {"moe_enable_routing_replay": True} if rmc.megatron_line().native_replay else {}
+    )
+    assert rmc.replay_enabled(transformer_config(TinyGPTConfig(extra=fields)))
+
+
 def test_replay_flag_works_for_mla_transformer_config(megatron: None) -> None:
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 

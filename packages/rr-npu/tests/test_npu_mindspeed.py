@@ -72,7 +72,7 @@ def mindspeed(
 
 
 def _extra(**more: Any) -> dict[str, Any]:
-    flag = {"moe_enable_routing_replay": True} if rmc.megatron_line().native_replay else {}
+    flag = rmc.replay_config_fields()
     return {**flag, **more}
 
 

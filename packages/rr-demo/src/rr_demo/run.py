@@ -138,9 +138,7 @@ def run_demo(
         rmc.install()
         try:
             progress("build a real Megatron GPTModel")
-            extra = dict(RECOMPUTE)
-            if rmc.megatron_line().native_replay:
-                extra["moe_enable_routing_replay"] = True
+            extra = {**RECOMPUTE, **rmc.replay_config_fields()}
             model = build_gpt(
                 TinyGPTConfig(
                     num_layers=cfg.num_layers,

@@ -7,6 +7,7 @@ from ._attach import (
 )
 from ._config import (
     enable_replay as enable_replay,
+    replay_config_fields as replay_config_fields,
     replay_enabled as replay_enabled,
 )
 from ._dispatcher import (

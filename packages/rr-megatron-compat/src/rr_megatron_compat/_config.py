@@ -32,6 +32,13 @@ def enable_replay(config: Any, *, capacity: str = "warn") -> Any:
     return config
 
 
+def replay_config_fields() -> dict[str, bool]:
+    """The ``TransformerConfig`` fields that turn replay on for the installed line, to pass where
+    a config is built from keyword arguments (``{"moe_enable_routing_replay": True}`` on 0.16+,
+    nothing before); :func:`enable_replay` sets the same on an existing instance."""
+    return {REPLAY_FLAG: True} if megatron_line().native_replay else {}
+
+
 def replay_enabled(config: Any) -> bool:
     """Whether routers built from ``config`` can be driven by rr (always True before 0.16)."""
     return not megatron_line().native_replay or bool(getattr(config, REPLAY_FLAG, False))

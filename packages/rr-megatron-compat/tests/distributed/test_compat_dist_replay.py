@@ -49,8 +49,7 @@ def build_chunks(recompute: bool = False, **kw: Any) -> list[torch.nn.Module]:
     extra = dict(kw.pop("extra", {}))
     if recompute:
         extra.update(RECOMPUTE)
-    if rmc.megatron_line().native_replay:
-        extra["moe_enable_routing_replay"] = True
+    extra.update(rmc.replay_config_fields())
     chunks = build_gpt_chunks(TinyGPTConfig(extra=extra, **kw))
     for chunk in chunks:
         assert rmc.replay_enabled(chunk.config)
