@@ -267,10 +267,12 @@ def megatron(session: nox.Session, line: str) -> None:
         "print(*(f'{d}=={m.version(d)}' for d in ('torch', 'megatron-core')))",
     )
     args = session.posargs or PYTEST_DEFAULTS
-    session.run("pytest", *map(str, MEGATRON_TESTS), *args)
+    session.run("pytest", *selection(MEGATRON_TESTS, DISTRIBUTED_TESTS, *VERL_TESTS), *args)
 
 
 DISTRIBUTED_LINES = (next(iter(MEGATRON_LINES)), list(MEGATRON_LINES)[-1])  # oldest, newest
+DISTRIBUTED_TESTS = PACKAGES / "rr-megatron-compat" / "tests" / "distributed"
+VERL_DISTRIBUTED_TEST = DISTRIBUTED_TESTS / "test_verl_dist.py"  # run by the verl session
 
 
 @session(python="3.11")
@@ -285,7 +287,7 @@ def distributed(session: nox.Session, line: str) -> None:
     args = session.posargs or ["-q", "-p", "no:xdist"]  # each test already runs two ranks
     session.run(
         "pytest",
-        str(PACKAGES / "rr-megatron-compat" / "tests" / "distributed"),
+        *selection([DISTRIBUTED_TESTS], VERL_DISTRIBUTED_TEST),
         *args,
         env={"RR_DISTRIBUTED": "1"},
     )
@@ -364,7 +366,7 @@ def verl(session: nox.Session) -> None:
     if not session.posargs:  # each distributed test already runs two ranks
         session.run(
             "pytest",
-            str(PACKAGES / "rr-megatron-compat" / "tests" / "distributed" / "test_verl_dist.py"),
+            str(VERL_DISTRIBUTED_TEST),
             "-q",
             "-p",
             "no:xdist",

@@ -18,18 +18,6 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 
-#: Files a session's folders reach that do not run there by design: compat's distributed/ folder
-#: is collected only with RR_DISTRIBUTED=1 (the distributed and verl sessions set it), and the
-#: verl files skip without verl, which only the verl session installs.
-NOT_RUN_IN = {
-    "megatron": (
-        "packages/rr-megatron-compat/tests/distributed",
-        "packages/rr-megatron-compat/tests/test_compat_verl_install.py",
-        "packages/rr-megatron-compat/tests/test_compat_verl_engine.py",
-    ),
-    "distributed": ("packages/rr-megatron-compat/tests/distributed/test_verl_dist.py",),
-}
-
 
 class Recorder:
     """The parts of ``nox.Session`` the session bodies touch; ``run`` records its arguments."""
@@ -107,14 +95,11 @@ def collected_files(args: tuple[str, ...]) -> set[Path]:
 def test_every_test_file_runs_in_exactly_one_session(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert all((ROOT / p).exists() for paths in NOT_RUN_IN.values() for p in paths)
     where: dict[Path, set[str]] = {}
     for name, arg_lists in pytest_runs(tmp_path, monkeypatch).items():
-        skipped = [ROOT / p for p in NOT_RUN_IN.get(name, ())]
         for args in arg_lists:
             for path in collected_files(args):
-                if not any(path == s or s in path.parents for s in skipped):
-                    where.setdefault(path.resolve(), set()).add(name)
+                where.setdefault(path.resolve(), set()).add(name)
     every = {p.resolve() for p in (ROOT / "packages").glob("*/tests/**/test_*.py")}
     every |= {p.resolve() for p in (ROOT / "tests").glob("test_*.py")}
     twice = {str(p.relative_to(ROOT)): s for p, s in where.items() if len(s) > 1}
