@@ -13,9 +13,10 @@ clears them, so a forward-only pass leaves nothing for the next backward (B2).
 from __future__ import annotations
 
 import enum
+import operator
 import warnings
 import weakref
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,42 @@ class ReplayMode(enum.Enum):
     OFF = "off"  # native routing
     RECORD = "record"  # native routing, ids stored per micro-batch
     REPLAY = "replay"  # armed ids on valid rows, native routing on the others
+
+
+_MODES = {mode.value: mode for mode in ReplayMode}
+# Integer dtypes arm() takes; the ids keep their dtype until a router widens its column.
+_ID_DTYPES = frozenset(
+    {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+    | {torch.uint16, torch.uint32, torch.uint64}
+)
+
+
+def as_mode(mode: object) -> ReplayMode:
+    """``mode`` as a :class:`ReplayMode`: a member, or exactly a member's value (``"off"``,
+    ``"record"``, ``"replay"``). Anything else raises: a mode that is not understood must never
+    fall through to one of the others."""
+    if isinstance(mode, ReplayMode):
+        return mode
+    if isinstance(mode, str) and mode in _MODES:
+        return _MODES[mode]
+    accepted = ", ".join(f"ReplayMode.{m.name} ({m.value!r})" for m in ReplayMode)
+    raise ReplayError(f"mode must be one of {accepted}; got {mode!r} ({type(mode).__name__})")
+
+
+def _layer_numbers(layers: object, what: str) -> tuple[int, ...]:
+    """``layers`` as a tuple of 1-based ints (numpy / torch integers allowed, bools not)."""
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        raise ReplayError(
+            f"{what} must be a sequence of 1-based layer numbers; got {type(layers).__name__}"
+        )
+    items = tuple(layers)
+    try:
+        numbers = tuple(operator.index(n) for n in items if not isinstance(n, bool))
+    except TypeError:
+        numbers = ()
+    if len(numbers) != len(items) or any(n < 1 for n in numbers):
+        raise ReplayError(f"{what} must hold 1-based integer layer numbers; got {list(items)!r}")
+    return numbers
 
 
 @dataclass
@@ -106,6 +143,10 @@ class ReplayController:
     def __init__(
         self, *, num_experts: int, top_k: int, strict: bool = True, measure_agreement: bool = True
     ) -> None:
+        if not all(type(v) is int for v in (num_experts, top_k)):
+            raise ReplayError(
+                f"num_experts and top_k must be ints; got {num_experts=!r}, {top_k=!r}"
+            )
         if num_experts < 1 or not 1 <= top_k <= num_experts:
             raise ReplayError(f"need 1 <= top_k <= num_experts; got {top_k=}, {num_experts=}")
         self.num_experts, self.top_k = num_experts, top_k
@@ -161,18 +202,27 @@ class ReplayController:
         """Global 1-based layer numbers of the attached routers, ascending."""
         return self._layers
 
-    def set_mode(self, mode: ReplayMode, *, layers: Sequence[int] | None = None) -> None:
-        """Set the mode of all attached routers, or of those on ``layers``."""
-        if not self._attached:
-            raise ReplayError("no model attached; call attach(model) before set_mode()")
+    def set_mode(self, mode: ReplayMode | str, *, layers: Sequence[int] | None = None) -> None:
+        """Set the mode of all attached routers, or of those on ``layers``. ``mode`` is a
+        :class:`ReplayMode` or exactly its value; anything else raises :class:`ReplayError`."""
+        checked = as_mode(mode)
+        self._check_attached("set_mode")
         chosen = range(len(self._routers)) if layers is None else self._indices_of(layers)
         for i in chosen:
-            self._modes[i] = mode
+            self._modes[i] = checked
 
     def mode_of(self, layer: int) -> ReplayMode:
         return self._modes[self._indices_of([layer])[0]]
 
+    def _check_attached(self, method: str) -> None:
+        if not self._attached:
+            raise ReplayError(
+                f"no model attached; call attach(model) before {method}() (a pipeline stage "
+                "without MoE layers attaches too, and then has zero routers)"
+            )
+
     def _indices_of(self, layers: Sequence[int]) -> list[int]:
+        layers = _layer_numbers(layers, "layers")
         position = {layer: i for i, layer in enumerate(self._layers)}
         missing = [layer for layer in layers if layer not in position]
         if missing:
@@ -195,14 +245,18 @@ class ReplayController:
         router's layer must be among them (extra slots, e.g. dense layers of an ``all_layers``
         axis or other pipeline stages, are ignored). ``replay_mask_T`` marks rows to replay;
         the others route natively. ``validate=False`` skips the id checks for routes that were
-        validated upstream.
+        validated upstream; ids outside ``[0, E)`` then raise when a router replays them.
+        Inputs of the wrong type, dtype or shape raise :class:`ReplayError` either way.
         """
+        self._check_attached("arm")
+        _check_hashable(microbatch)
+        _check_routes(microbatch, routes_TLK)
         if microbatch in self._armed:
             raise ReplayError(
                 f"micro-batch {microbatch!r} is still armed from an earlier pass; call "
                 "end_step() (or release()) between passes so stale targets are never replayed"
             )
-        key = tuple(layer_numbers)
+        key = _layer_numbers(layer_numbers, "layer_numbers")
         slot_of_router = self._slot_maps.get(key)
         if slot_of_router is None:
             slot_of_router = self._slot_maps[key] = self._slot_map(key)
@@ -211,13 +265,22 @@ class ReplayController:
                 f"micro-batch {microbatch!r}: routes must be [T, {len(key)}, {self.top_k}] "
                 f"(T, layer slots, top-k); got {list(routes_TLK.shape)}"
             )
+        if replay_mask_T is not None and not isinstance(replay_mask_T, torch.Tensor):
+            raise ReplayError(
+                f"micro-batch {microbatch!r}: replay mask must be a bool torch.Tensor "
+                f"[{routes_TLK.shape[0]}] or None; got {type(replay_mask_T).__name__}"
+            )
         if replay_mask_T is not None and (
-            replay_mask_T.shape != routes_TLK.shape[:1] or replay_mask_T.dtype != torch.bool
+            replay_mask_T.shape != routes_TLK.shape[:1]
+            or replay_mask_T.dtype != torch.bool
+            or replay_mask_T.layout != torch.strided
         ):
             raise ReplayError(
                 f"micro-batch {microbatch!r}: replay mask must be bool [{routes_TLK.shape[0]}]; "
                 f"got {replay_mask_T.dtype} {list(replay_mask_T.shape)}"
             )
+        if not isinstance(validate, bool):
+            raise ReplayError(f"validate must be True or False; got {validate!r}")
         if validate:
             slot_layers = {slot: self._layers[i] for i, slot in enumerate(slot_of_router)}
             check_target_ids(
@@ -236,6 +299,12 @@ class ReplayController:
     def arm_batch(self, microbatch: Hashable, batch: RouteBatch) -> None:
         """Arm a validated :class:`RouteBatch` whose sequences, concatenated, are the tokens the
         routers see (packed/THD order); rows without a route go to the native router."""
+        self._check_attached("arm_batch")
+        if not isinstance(batch, RouteBatch):
+            raise ReplayError(
+                f"micro-batch {microbatch!r}: arm_batch takes a RouteBatch; got "
+                f"{type(batch).__name__} (use arm() for a [T, L, K] tensor)"
+            )
         meta = batch.meta
         if (meta.num_experts, meta.top_k) != (self.num_experts, self.top_k):
             raise ReplayError(
@@ -402,15 +471,21 @@ class ReplayController:
             )
         measure = self.measure_agreement and not in_backward
         native_TK = native_ids(scores_TE, self.top_k) if measure else None
-        out = replay_topk(
-            scores_TE,
-            self.top_k,
-            target_ids_TK=target_TK,
-            replay_mask_T=armed.mask_T,
-            values_TE=values_TE,
-            native_ids_TK=native_TK,
-            native_rows_N=armed.native_rows_N,
-        )
+        try:
+            out = replay_topk(
+                scores_TE,
+                self.top_k,
+                target_ids_TK=target_TK,
+                replay_mask_T=armed.mask_T,
+                values_TE=values_TE,
+                native_ids_TK=native_TK,
+                native_rows_N=armed.native_rows_N,
+            )
+        except (IndexError, RuntimeError) as e:  # only unchecked (validate=False) ids get here
+            bad = _unchecked_ids_error(target_TK, armed.mask_T, self.num_experts)
+            if bad is None:
+                raise
+            raise ReplayError(f"layer {layer}, micro-batch {microbatch!r}: {bad}") from e
         if not in_backward:
             armed.consumed[index] = True
         if measure and native_TK is not None:
@@ -448,6 +523,15 @@ class ReplayController:
         """The ids recorded for one micro-batch as ``[T, L, K]`` on the attached routers'
         layers (a ``moe_layers`` axis: ``layer_numbers`` names the slots); ``dtype`` narrows
         them on the way, in one pass."""
+        if dtype is not None and (
+            not isinstance(dtype, torch.dtype)
+            or dtype not in _ID_DTYPES
+            or torch.iinfo(dtype).max < self.num_experts - 1
+        ):
+            raise ReplayError(
+                f"dtype must be an integer torch.dtype holding ids up to {self.num_experts - 1} "
+                f"(num_experts={self.num_experts}); got {dtype!r}, which would change the ids"
+            )
         records = self._recorded.get(microbatch)
         missing = (
             list(self._layers)
@@ -507,6 +591,55 @@ class ReplayController:
         self._forward_mbs = set()
         self._forward_mb = None
         self._backward_mb = None
+
+
+def _check_hashable(microbatch: object) -> None:
+    try:
+        hash(microbatch)
+    except TypeError:
+        raise ReplayError(
+            f"a micro-batch id must be hashable (an int, a str, a tuple); got "
+            f"{type(microbatch).__name__} {microbatch!r}"
+        ) from None
+
+
+def _check_routes(microbatch: Hashable, routes: object) -> None:
+    """O(1) checks that ``routes`` is a dense integer tensor; the shape is checked by arm()."""
+    if not isinstance(routes, torch.Tensor):
+        hint = " (wrap it with torch.from_numpy)" if type(routes).__module__ == "numpy" else ""
+        raise ReplayError(
+            f"micro-batch {microbatch!r}: routes must be a torch.Tensor [T, L, K] of integer "
+            f"expert ids; got {type(routes).__name__}{hint}"
+        )
+    if routes.is_nested or routes.layout != torch.strided:
+        raise ReplayError(
+            f"micro-batch {microbatch!r}: routes must be a dense (strided) [T, L, K] tensor; got "
+            "a nested or sparse one (arm_batch takes jagged routes as a RouteBatch)"
+        )
+    if routes.dtype not in _ID_DTYPES:
+        raise ReplayError(
+            f"micro-batch {microbatch!r}: routes must hold integer expert ids (an int or uint "
+            f"dtype, uint8 where E <= 256); got {routes.dtype}. Float or bool routes are not ids: "
+            "convert them where they are captured, not here"
+        )
+
+
+def _unchecked_ids_error(
+    target_TK: torch.Tensor, mask_T: torch.Tensor | None, num_experts: int
+) -> str | None:
+    """Why unchecked targets cannot be replayed (ids outside ``[0, E)``), or None."""
+    ids_TK = target_TK.to(torch.int64)  # uint64 ids above int64 wrap negative: still flagged
+    if mask_T is not None:
+        ids_TK = ids_TK[mask_T.to(ids_TK.device)]
+    bad = (ids_TK < 0) | (ids_TK >= num_experts)
+    if not bool(bad.any()):
+        return None
+    lo, hi = (int(v) for v in torch.aminmax(ids_TK))
+    return (
+        f"armed ids span [{lo}, {hi}], outside [0, {num_experts}) ({int(bad.sum())} ids); "
+        "they were armed with validate=False and never checked. Arm with validate=True, or "
+        "validate the routes where they are captured"
+    )
 
 
 class _MicrobatchScope:

@@ -10,6 +10,9 @@ import torch
 from rr_core.errors import ReplayError
 from rr_core.routes.idcheck import row_flags
 
+# uint64 ids above the int64 range wrap negative, so they are still out of range.
+_WIDEN = {torch.uint16: torch.int32, torch.uint32: torch.int64, torch.uint64: torch.int64}
+
 
 def check_target_ids(
     routes_TLK: torch.Tensor,
@@ -23,6 +26,8 @@ def check_target_ids(
     id. ``slot_layers`` maps the checked slots to their layer numbers (for the message)."""
     slots = sorted(slot_layers)
     used_TLK = routes_TLK if len(slots) == routes_TLK.shape[1] else routes_TLK[:, slots]
+    if used_TLK.dtype in _WIDEN:  # torch reduces few ops on these; widen (exactly) to check
+        used_TLK = used_TLK.to(_WIDEN[used_TLK.dtype])
     flags = row_flags(used_TLK, num_experts)
     out_of_range_TL = flags.out_of_range_R.reshape(used_TLK.shape[:2])
     repeated_TL = flags.repeated_R.reshape(used_TLK.shape[:2])
