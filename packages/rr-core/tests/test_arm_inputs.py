@@ -200,7 +200,7 @@ def test_recorded_refuses_a_dtype_that_changes_ids(dtype: Any) -> None:
 
 
 @pytest.mark.parametrize(("bad", "span"), [(E, rf"\[0, {E}\]"), (-1, r"\[-1, 5\]")])
-def test_E4_unchecked_out_of_range_ids_raise_when_replayed(
+def test_unchecked_out_of_range_ids_raise_when_replayed(
     controller: ReplayController, bad: int, span: str
 ) -> None:
     model = TinyModel(num_layers=2)

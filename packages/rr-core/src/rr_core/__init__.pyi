@@ -21,6 +21,11 @@ from .errors import (
     RRWarning as RRWarning,
     WalkError as WalkError,
 )
+from .failures import (
+    FAILURE_MODES as FAILURE_MODES,
+    FailureMode as FailureMode,
+    failure_mode as failure_mode,
+)
 from .layout.axis import (
     all_layers_to_moe_layers as all_layers_to_moe_layers,
     moe_layers_to_all_layers as moe_layers_to_all_layers,

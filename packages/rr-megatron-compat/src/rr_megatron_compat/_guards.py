@@ -33,7 +33,8 @@ def check_replay_config(config: Any, *, capacity: str = "warn") -> None:
     if getattr(config, "moe_router_fusion", False):
         raise ReplayConfigError(
             "moe_router_fusion=True: the fused router returns before any top-k hook, so replay "
-            "would be skipped silently (C2); set moe_router_fusion=False on this config"
+            "would be skipped silently (C2); set moe_router_fusion=False on this config; see "
+            "`rr explain C2`"
         )
     if getattr(config, "moe_router_load_balancing_type", None) == "sinkhorn":
         raise ReplayConfigError(
@@ -45,7 +46,7 @@ def check_replay_config(config: Any, *, capacity: str = "warn") -> None:
         message = (
             f"moe_expert_capacity_factor={factor}: tokens are dropped after the replayed "
             "selection, so the trainer can drop tokens the (dropless) engine kept and replay is "
-            "not equivalent (C3); set it to None for exact replay"
+            "not equivalent (C3); set it to None for exact replay; see `rr explain C3`"
         )
         if capacity == "raise":
             raise ReplayConfigError(message)

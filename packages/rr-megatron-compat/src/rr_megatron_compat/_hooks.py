@@ -87,7 +87,7 @@ def routing_wrapper(
             "replay / record did not take effect. Causes: moe_router_fusion=True (C2), "
             "sinkhorn load balancing, or on megatron-core 0.16+ a config built without "
             "moe_enable_routing_replay (call rr_megatron_compat.enable_replay(config) before "
-            "building the model)"
+            "building the model); see `rr explain C2`"
         )
     _stats.after_routing(instance, routing_map, _padding_mask(args, kwargs))
     if _active_mode(instance) is ReplayMode.REPLAY:

@@ -80,7 +80,7 @@ def sp_scatter(rows: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
     if n % tp_size:
         raise AlignmentError(
             f"{n} rows do not split evenly over tp_size={tp_size} for sequence parallelism; pad "
-            f"them at the end first (sp_pad, D5) rather than shifting rows"
+            "them at the end first (sp_pad, D5) rather than shifting rows; see `rr explain D5`"
         )
     part = n // tp_size
     return rows[tp_rank * part : (tp_rank + 1) * part]
@@ -122,7 +122,8 @@ def cp_split(
         raise AlignmentError(
             f"a sequence of {n} rows does not split into {chunks} equal chunks for cp_size="
             f"{cp_size} ({layout}); pad it at the end to a multiple of "
-            f"{sp_alignment(1, cp_size) if layout == 'zigzag' else cp_size} first (D5)"
+            f"{sp_alignment(1, cp_size) if layout == 'zigzag' else cp_size} first (D5); "
+            "see `rr explain D5`"
         )
     parts = seq.chunk(chunks, dim=dim)
     return torch.cat([parts[i] for i in ids], dim=dim)

@@ -32,7 +32,8 @@ def truncate_sample(sample: SampleRoutes, num_tokens: int) -> SampleRoutes:
     if not sample.num_prompt_tokens <= n <= t:
         raise AlignmentError(
             f"cannot truncate a sample of {t} tokens (P={sample.num_prompt_tokens}) to {n}: "
-            f"truncation keeps {sample.num_prompt_tokens}..{t} tokens and never extends (D7)"
+            f"truncation keeps {sample.num_prompt_tokens}..{t} tokens and never extends (D7); see "
+            "`rr explain D7`"
         )
     return dataclasses.replace(sample, routes_TLK=sample.routes_TLK[:n], valid_T=sample.valid_T[:n])
 
@@ -54,7 +55,8 @@ def assemble_multi_turn(
         raise AlignmentError(
             f"the last turn covers {t} tokens (context {last_turn.num_prompt_tokens}); the "
             f"trajectory has {n} tokens and a {p}-token prompt: the trajectory must extend the "
-            "last turn (truncate afterwards with truncate_response) and start with its prompt (D2)"
+            "last turn (truncate afterwards with truncate_response) and start with its prompt "
+            "(D2); see `rr explain D2`"
         )
     _, L, K = last_turn.routes_TLK.shape
     routes = np.zeros((n, L, K), dtype=last_turn.routes_TLK.dtype)
@@ -85,7 +87,7 @@ def assemble_resumed(
                 f"attempt {k} has a {a.num_prompt_tokens}-token context and "
                 f"{a.routes_TLK.shape[0]} tokens; expected context {ends[k]} (prompt + earlier "
                 f"attempts) and {ends[k + 1]} tokens: attempts out of order or token counts "
-                "wrong (D2)"
+                "wrong (D2); see `rr explain D2`"
             )
     found = [(k, a) for k, a in found if a.valid_T.any()]
     if not found:
@@ -150,7 +152,8 @@ def to_trainer_layout(
         raise AlignmentError(
             f"sample {b} has P={int(p_B[b])}, G={int(g_B[b])} tokens; the layout holds "
             f"P <= prompt_length={prompt_length} and G <= response_length={response_length}: "
-            "truncate the response with its routes first (truncate_response, D7)"
+            "truncate the response with its routes first (truncate_response, D7); see "
+            "`rr explain D7`"
         )
     if dtype.is_floating_point or torch.iinfo(dtype).max < batch.meta.num_experts - 1:
         raise AlignmentError(

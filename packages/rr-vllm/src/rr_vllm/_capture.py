@@ -106,12 +106,14 @@ def vllm_engine_args(
     if geometry.hybrid_attention and not flags.hybrid_attention:
         raise CaptureError(
             f"vLLM {flags.version} sizes the routed-experts buffers wrongly for hybrid-attention "
-            "models (several KV-cache groups; E3); capture on this model needs vLLM >= 0.22"
+            "models (several KV-cache groups; E3); capture on this model needs vLLM >= 0.22; "
+            "see `rr explain E3`"
         )
     if enable_eplb and not flags.logical_ids:
         raise CaptureError(
             f"vLLM {flags.version} returns physical expert ids under expert-load-balancing "
-            "(E2); turn EPLB off or use vLLM >= 0.16, which returns logical ids"
+            "(E2); turn EPLB off or use vLLM >= 0.16, which returns logical ids; see "
+            "`rr explain E2`"
         )
     if not flags.aux_output_store:
         return {"enable_return_routed_experts": True}

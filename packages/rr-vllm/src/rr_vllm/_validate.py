@@ -44,7 +44,7 @@ def check_missing(what: str, finish_reason: str | None) -> None:
             f"{what}: routed experts are None for a request that finished with "
             f"finish_reason={finish_reason!r} (D3); capture is off on the engine "
             "(enable_return_routed_experts / --enable-return-routed-experts, SGLang also needs "
-            "return_routed_experts=true per request)"
+            "return_routed_experts=true per request); see `rr explain D3`"
         )
 
 
@@ -69,7 +69,7 @@ def check_logical(
             f"{where}, token row {row}, layer {layer}: expert ids {rows[t, j].tolist()} reach "
             f"{logical_experts} or more, outside the logical range [0, {logical_experts}); "
             "these look like physical ids from expert-load-balancing (E2, vLLM < 0.16). Use "
-            "vLLM >= 0.16, or pass allow_physical=True if the ids are intended"
+            "vLLM >= 0.16, or pass allow_physical=True if the ids are intended; see `rr explain E2`"
         )
 
 

@@ -53,7 +53,7 @@ def align_routes(
             f"engine returned N={N} route rows for T={T} tokens with prompt_start={ps}; expected "
             f"{' or '.join(map(str, accepted))} (T - prompt_start - 1 without the last sampled "
             "token, or T - prompt_start); routes and tokens belong to different sequences or "
-            "were trimmed differently (D1, D7)"
+            "were trimmed differently (D1, D7); see `rr explain D1` and `rr explain D7`"
         )
     _, L, K = routes.shape
     routes_TLK = routes.new_zeros((T, L, K))

@@ -99,7 +99,8 @@ def narrow_ids(ids: ArrayLike, num_experts: int) -> torch.Tensor:
         raise RouteValidationError(
             f"expert ids arrive as {source}, which holds at most {torch.iinfo(source).max}, but "
             f"num_experts={num_experts} needs ids up to {num_experts - 1}: they were probably "
-            f"wrapped when stored (E4 uint8 overflow); store them as {target} or wider"
+            f"wrapped when stored (E4 uint8 overflow); store them as {target} or wider; see "
+            "`rr explain E4`"
         )
     if t.dtype == target:
         return t
@@ -110,7 +111,8 @@ def narrow_ids(ids: ArrayLike, num_experts: int) -> torch.Tensor:
             raise RouteValidationError(
                 f"expert ids do not fit {target} (range [{info.min}, {info.max}], the narrowest "
                 f"dtype for num_experts={num_experts}): source {source} has min {lo}, max {hi}; "
-                "zero invalid rows instead of using sentinels, or fix num_experts (E4)"
+                "zero invalid rows instead of using sentinels, or fix num_experts (E4); see "
+                "`rr explain E4`"
             )
     return t.to(target)
 

@@ -119,7 +119,7 @@ def check_ids(
             f"{_where(offsets, row)}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids "
             f"{values_NLK[row, moe[j]].tolist()} are outside [0, {E}) for num_experts={E}; "
             f"{outside.count} row-layer pair(s) affected. Physical instead of logical ids (E2), "
-            "or a wrong num_experts?"
+            "or a wrong num_experts? See `rr explain E2`"
         )
     if not allow_all_zero:
         counted = np.concatenate([[0], np.cumsum(valid, dtype=np.int64)])
@@ -137,7 +137,7 @@ def check_ids(
                 f"sequence {b}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids are all zero "
                 f"on all {int(valid_B[b])} valid rows (from token row {first}), the signature of "
                 f"a capture that zero-filled its routes (E1); {int(dead_BM.sum())} "
-                f"sequence-layer pair(s) affected. Fix the capture{hint}"
+                f"sequence-layer pair(s) affected. Fix the capture{hint}; see `rr explain E1`"
             )
     if repeated.first is not None:
         row, j = repeated.first
