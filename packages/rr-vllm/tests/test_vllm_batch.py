@@ -13,7 +13,7 @@ from rr_core import RouteBatch, RouteMeta
 from rr_fakes.engines import Faults, VllmEra, vllm_request_output
 from rr_vllm import decode_vllm_batch, decode_vllm_output, validate_samples
 from rr_vllm._batch import _direct
-from rr_vllm._decode import _compact_dtype
+from rr_vllm._decode import _compact_dtype, read_request
 from vllm_testing import distinct_routes, make_meta
 
 K = 2
@@ -69,7 +69,7 @@ def test_clean_batches_match(era: VllmEra, num_experts: int, prompt_start: int) 
     meta = make_meta(num_experts, dense=(1,))
     outs = outputs(era, meta, prompt_start=prompt_start)
     direct = era.has_prompt_start and num_experts <= 256  # 0.22+ returns uint8 up to 256
-    assert _direct(outs, _compact_dtype(num_experts)) == direct
+    assert _direct([read_request(o) for o in outs], _compact_dtype(num_experts)) == direct
     same_outcome(
         lambda: decode_vllm_batch(outs, meta, prompt_start=prompt_start),
         lambda: reference(outs, meta, prompt_start=prompt_start),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -23,12 +22,13 @@ import torch
 from rr_core import AlignmentError, RouteBatch, narrowest_dtype
 from rr_core.buffers import zeros
 from rr_vllm._decode import SampleRoutes
+from rr_vllm._fields import integer, integers
 
 
 def truncate_sample(sample: SampleRoutes, num_tokens: int) -> SampleRoutes:
     """The first ``num_tokens`` rows (views, nothing copied), for tokens cut after generation
     (D7): a client-side stop string, or a response cut to the trainer's length."""
-    t, n = sample.routes_TLK.shape[0], operator.index(num_tokens)
+    t, n = sample.routes_TLK.shape[0], integer(num_tokens, "num_tokens", error=AlignmentError)
     if not sample.num_prompt_tokens <= n <= t:
         raise AlignmentError(
             f"cannot truncate a sample of {t} tokens (P={sample.num_prompt_tokens}) to {n}: "
@@ -41,7 +41,8 @@ def truncate_sample(sample: SampleRoutes, num_tokens: int) -> SampleRoutes:
 def truncate_response(sample: SampleRoutes, response_length: int) -> SampleRoutes:
     """Cut the response to at most ``response_length`` tokens, its routes with it (D7)."""
     t = sample.routes_TLK.shape[0]
-    return truncate_sample(sample, min(t, sample.num_prompt_tokens + response_length))
+    n = integer(response_length, "response_length", error=AlignmentError)
+    return truncate_sample(sample, min(t, sample.num_prompt_tokens + n))
 
 
 def assemble_multi_turn(
@@ -50,7 +51,9 @@ def assemble_multi_turn(
     """A multi-turn trajectory of ``num_tokens`` tokens whose first ``num_prompt_tokens`` are
     the original prompt: the last turn's routes cover the whole context up to its last
     generation; tokens appended after it (tool output) are invalid rows (D2)."""
-    t, n, p = last_turn.routes_TLK.shape[0], operator.index(num_tokens), num_prompt_tokens
+    t = last_turn.routes_TLK.shape[0]
+    n = integer(num_tokens, "num_tokens", error=AlignmentError)
+    p = integer(num_prompt_tokens, "num_prompt_tokens", error=AlignmentError)
     if n < t or not 0 <= p <= last_turn.num_prompt_tokens:
         raise AlignmentError(
             f"the last turn covers {t} tokens (context {last_turn.num_prompt_tokens}); the "
@@ -79,8 +82,10 @@ def assemble_resumed(
             f"need one token count per attempt; got {len(attempts)} attempts, "
             f"{len(new_tokens)} counts"
         )
-    ends = np.cumsum([num_prompt_tokens, *new_tokens])
-    found = [(k, a) for k, a in enumerate(attempts) if a is not None and new_tokens[k] > 0]
+    counts = integers(new_tokens, "new_tokens", error=AlignmentError)
+    p = integer(num_prompt_tokens, "num_prompt_tokens", error=AlignmentError)
+    ends = np.cumsum([p, *counts])
+    found = [(k, a) for k, a in enumerate(attempts) if a is not None and counts[k] > 0]
     for k, a in found:
         if a.num_prompt_tokens != ends[k] or a.routes_TLK.shape[0] != ends[k + 1]:
             raise AlignmentError(
@@ -141,7 +146,12 @@ def to_trainer_layout(
     slice copy per sample, no loop over rows). Truncate responses first (D7)."""
     B, (_, L, K), S = batch.num_sequences, batch.values_NLK.shape, prompt_length + response_length
     dev = batch.values_NLK.device
-    p_B = torch.as_tensor(num_prompt_tokens, dtype=torch.int64, device=dev).reshape(-1)
+    for name, value in (("prompt_length", prompt_length), ("response_length", response_length)):
+        integer(value, name, error=AlignmentError)
+    if not isinstance(dtype, torch.dtype):
+        raise AlignmentError(f"dtype must be a torch integer dtype; got {dtype!r}")
+    prompts = integers(num_prompt_tokens, "num_prompt_tokens", error=AlignmentError)
+    p_B = torch.tensor(prompts, dtype=torch.int64, device=dev)
     lengths = batch.lengths
     if p_B.numel() != B:
         raise AlignmentError(f"{p_B.numel()} prompt lengths for {B} samples")

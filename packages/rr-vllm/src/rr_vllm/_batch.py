@@ -10,27 +10,36 @@ rows are copied once, into their place in a single batch buffer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from rr_core import RouteBatch, RouteMeta
-from rr_vllm._decode import _compact_dtype, decode_routes_array, decode_vllm_output
+from rr_vllm._decode import (
+    Request,
+    _compact_dtype,
+    decode_routes_array,
+    decode_vllm_output,
+    read_request,
+)
+from rr_vllm._errors import EngineOutputError
 from rr_vllm._validate import check_all_layers, check_logical, is_aborted, validate_samples
 
 
-def _direct(request_outputs: Sequence[Any], dtype: np.dtype[Any]) -> bool:
+def _direct(requests: Sequence[Request], dtype: np.dtype[Any]) -> bool:
     """Whether every completion's rows can be copied into the batch as they are: one array per
     completion (not vLLM 0.21's split arrays) already in the batch's dtype (narrowing waits for
     rr_core's range check)."""
-    for r in request_outputs:
-        if hasattr(r, "prompt_routed_experts"):
+    for r in requests:
+        if r.split:
             return False
-        for c in r.outputs:
-            rows = c.routed_experts
-            if not is_aborted(c.finish_reason) and getattr(rows, "dtype", None) != dtype:
+        for c in r.completions:
+            rows_dtype = getattr(c.rows, "dtype", None)
+            if not is_aborted(c.finish_reason) and not (
+                isinstance(rows_dtype, np.dtype) and rows_dtype == dtype
+            ):
                 return False
     return True
 
@@ -54,8 +63,15 @@ def decode_vllm_batch(
     copied once, straight into the batch.
     """
     check_all_layers(meta)
+    if isinstance(request_outputs, str | bytes | Mapping) or not isinstance(
+        request_outputs, Sequence
+    ):
+        raise EngineOutputError(
+            f"request_outputs must be a list of RequestOutput; got {type(request_outputs).__name__}"
+        )
     dtype = _compact_dtype(meta.num_experts)
-    if not _direct(request_outputs, dtype):
+    requests = [read_request(r) for r in request_outputs]
+    if not _direct(requests, dtype):
         samples = [
             s
             for r in request_outputs
@@ -68,28 +84,25 @@ def decode_vllm_batch(
             allow_physical=allow_physical,
             logical_experts=logical_experts,
         )
-    prompts = [len(r.prompt_token_ids or ()) for r in request_outputs]
     lengths = [
-        p + len(c.token_ids)
-        for r, p in zip(request_outputs, prompts, strict=True)
-        for c in r.outputs
+        r.num_prompt_tokens + c.num_generated_tokens for r in requests for c in r.completions
     ]
-    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
     L, K = len(meta.layer_numbers), meta.top_k
     values_NLK = np.zeros((int(offsets[-1]), L, K), dtype=dtype)
     valid_N = np.zeros(int(offsets[-1]), dtype=bool)
     i = 0
-    for r, p in zip(request_outputs, prompts, strict=True):
-        for c in r.outputs:
+    for r in requests:
+        for c in r.completions:
             rows = slice(int(offsets[i]), int(offsets[i + 1]))
             sample = decode_routes_array(
-                c.routed_experts,
+                c.rows,
                 meta,
-                num_prompt_tokens=p,
-                num_generated_tokens=len(c.token_ids),
+                num_prompt_tokens=r.num_prompt_tokens,
+                num_generated_tokens=c.num_generated_tokens,
                 prompt_start=prompt_start,
                 finish_reason=c.finish_reason,
-                what=f"request {getattr(r, 'request_id', '?')}, completion {c.index}",
+                what=c.what,
                 out=(values_NLK[rows], valid_N[rows]),
             )
             if logical_experts is not None and not allow_physical and sample is not None:

@@ -11,13 +11,13 @@ capture cannot serve exactly are refused here, before anything is generated:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rr_core import RouteMeta
 from rr_vllm._errors import CaptureError
+from rr_vllm._fields import integer
 from rr_vllm._store import routes_store_max_bytes
 from rr_vllm._versions import resolve_flags
 
@@ -29,7 +29,7 @@ def _field(config: Any, keys: tuple[str, ...], what: str) -> int:
     for key in keys:
         value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
         if value is not None:
-            return operator.index(value)
+            return integer(value, f"the model config's {key}", error=CaptureError, minimum=1)
     raise CaptureError(f"the model config has no {what} (looked for {', '.join(keys)})")
 
 
@@ -45,6 +45,8 @@ class ModelGeometry:
     hybrid_attention: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("num_hidden_layers", "num_experts", "top_k"):
+            integer(getattr(self, name), f"ModelGeometry.{name}", error=CaptureError)
         if min(self.num_hidden_layers, self.num_experts, self.top_k) < 1:
             raise CaptureError(f"layers, experts and top_k must be >= 1; got {self}")
         if self.top_k > self.num_experts:
@@ -140,7 +142,13 @@ def max_new_tokens(
     ``[1, max_model_len - P]``. A first-turn prompt longer than ``prompt_length`` is refused;
     a ``continuation`` (later turn or resumed attempt, whose context holds earlier responses)
     may be longer, but must leave room for one token of the response budget."""
-    p = operator.index(num_prompt_tokens)
+    p = integer(num_prompt_tokens, "num_prompt_tokens", error=CaptureError)
+    for name, value in (
+        ("prompt_length", prompt_length),
+        ("response_length", response_length),
+        ("max_model_len", max_model_len),
+    ):
+        integer(value, name, error=CaptureError)
     if min(prompt_length, response_length, max_model_len) < 1 or p < 0:
         raise CaptureError(
             f"need prompt_length, response_length, max_model_len >= 1 and P >= 0; got "
@@ -175,7 +183,8 @@ def vllm_sampling_fields(
     and, from 0.22, ``routed_experts_prompt_start`` (skip the first ``prompt_start`` rows;
     decode with the same ``prompt_start``)."""
     flags = resolve_flags(vllm_version)
-    p = operator.index(num_prompt_tokens)
+    p = integer(num_prompt_tokens, "num_prompt_tokens", error=CaptureError)
+    prompt_start = integer(prompt_start, "prompt_start", error=CaptureError, minimum=None)
     fields = {
         "max_tokens": max_new_tokens(
             p,
@@ -210,7 +219,8 @@ def sglang_request_fields(
 ) -> dict[str, Any]:
     """Fields of an SGLang ``/generate`` request body that capture routes (the server also
     needs ``--enable-return-routed-experts``); decode with ``start_len``."""
-    p = operator.index(num_prompt_tokens)
+    p = integer(num_prompt_tokens, "num_prompt_tokens", error=CaptureError)
+    start_len = integer(start_len, "start_len", error=CaptureError, minimum=None)
     limit = max_new_tokens(
         p,
         prompt_length=prompt_length,

@@ -22,15 +22,16 @@ Formats:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from rr_core import RouteMeta, narrowest_dtype
 from rr_vllm._errors import EngineOutputError
+from rr_vllm._fields import attr, count, reason, token_count
 from rr_vllm._validate import check_missing, check_row_count, is_aborted
 
 AbortPolicy = Literal["mask", "drop"]
@@ -66,14 +67,18 @@ def _compact_dtype(num_experts: int) -> np.dtype[Any]:
 def as_rows(value: Any, what: str) -> IntArray:
     """A numpy view of an engine's routes (numpy, or a CPU torch tensor), checked to be 3-D
     integer data; nothing is copied."""
-    if not isinstance(value, np.ndarray) and hasattr(value, "numpy"):
-        value = value.detach().cpu().numpy() if hasattr(value, "detach") else value.numpy()
-    array = np.asarray(value)
-    if array.ndim != 3 or array.dtype.kind not in "iu":
+    expected = f"{what} must be an integer [rows, layers, top_k] array"
+    try:
+        if not isinstance(value, np.ndarray) and hasattr(value, "numpy"):
+            value = value.detach().cpu().numpy() if hasattr(value, "detach") else value.numpy()
+        array = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        # a bf16 tensor, a ragged list: numpy cannot read it as one array
         raise EngineOutputError(
-            f"{what} must be an integer [rows, layers, top_k] array; got dtype {array.dtype}, "
-            f"shape {array.shape}"
-        )
+            f"{expected}; got a {type(value).__name__} numpy cannot read ({e})"
+        ) from e
+    if array.ndim != 3 or array.dtype.kind not in "iu":
+        raise EngineOutputError(f"{expected}; got dtype {array.dtype}, shape {array.shape}")
     return array
 
 
@@ -115,6 +120,11 @@ def place_rows(
     n = sum(b.shape[0] for b in blocks)
     check_row_count(n, num_tokens, prompt_start)
     dtype = np.result_type(*blocks) if blocks else _compact_dtype(meta.num_experts)
+    if dtype.kind not in "iu":  # uint64 with a signed block promotes to float64
+        raise EngineOutputError(
+            f"{what}: route blocks of dtypes {[str(b.dtype) for b in blocks]} have no common "
+            "integer dtype; an engine returns one integer dtype per request"
+        )
     if out is None:
         out = np.zeros((num_tokens, L, K), dtype=dtype), np.zeros(num_tokens, dtype=bool)
     routes_TLK, valid_T = out
@@ -141,8 +151,8 @@ def place_rows(
 
 
 def check_policy(on_abort: str) -> None:
-    if on_abort not in ("mask", "drop"):
-        raise ValueError(f"on_abort must be 'mask' or 'drop'; got {on_abort!r}")
+    if not isinstance(on_abort, str) or on_abort not in ("mask", "drop"):
+        raise EngineOutputError(f"on_abort must be 'mask' or 'drop'; got {on_abort!r}")
 
 
 def decode_routes_array(
@@ -161,7 +171,10 @@ def decode_routes_array(
     tokens. An aborted sample (``finish_reason == "abort"``) is masked (every row invalid) or
     dropped (None); otherwise None routes raise (D3). ``out``: see :func:`place_rows`."""
     check_policy(on_abort)
-    p, t = num_prompt_tokens, num_prompt_tokens + num_generated_tokens
+    p = count(num_prompt_tokens, f"{what}: num_prompt_tokens")
+    t = p + count(num_generated_tokens, f"{what}: num_generated_tokens")
+    prompt_start = count(prompt_start, f"{what}: prompt_start")
+    finish_reason = reason(finish_reason, f"{what}: finish_reason")
     if is_aborted(finish_reason):
         return None if on_abort == "drop" else _masked(meta, p, t, prompt_start, finish_reason)
     if routes is None:
@@ -179,6 +192,56 @@ def decode_routes_array(
     )
 
 
+class Completion(NamedTuple):
+    """The fields of one ``CompletionOutput`` that decoding reads, checked."""
+
+    what: str
+    num_generated_tokens: int
+    finish_reason: str | None
+    rows: Any
+
+
+class Request(NamedTuple):
+    """The fields of one ``RequestOutput`` that decoding reads, checked; ``prompt_rows`` is
+    vLLM 0.21's ``prompt_routed_experts`` (``split``)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    split: bool
+    prompt_rows: Any
+    completions: list[Completion]
+
+
+def read_request(request_output: Any) -> Request:
+    """Read a real or duck-typed ``RequestOutput`` by attribute, each field type-checked, so
+    that a foreign object raises :class:`~rr_vllm.EngineOutputError` naming the field."""
+    request_id = str(getattr(request_output, "request_id", "?"))
+    what = f"request {request_id}"
+    ids = attr(request_output, "prompt_token_ids", what)
+    p = 0 if ids is None else token_count(ids, f"{what}: prompt_token_ids")
+    outputs = attr(request_output, "outputs", what)
+    if isinstance(outputs, str | bytes | Mapping) or not isinstance(outputs, Sequence):
+        raise EngineOutputError(
+            f"{what}: outputs must be a list of CompletionOutput; got {type(outputs).__name__}"
+        )
+    completions = []
+    for i, c in enumerate(outputs):
+        where = f"{what}, completion {getattr(c, 'index', i)}"
+        completions.append(
+            Completion(
+                what=where,
+                num_generated_tokens=token_count(
+                    attr(c, "token_ids", where), f"{where}: token_ids"
+                ),
+                finish_reason=reason(attr(c, "finish_reason", where), f"{where}: finish_reason"),
+                rows=attr(c, "routed_experts", where),
+            )
+        )
+    split = hasattr(request_output, "prompt_routed_experts")  # vLLM 0.21
+    prompt_rows = request_output.prompt_routed_experts if split else None
+    return Request(request_id, p, split, prompt_rows, completions)
+
+
 def decode_vllm_output(
     request_output: Any,
     meta: RouteMeta,
@@ -190,41 +253,39 @@ def decode_vllm_output(
 
     ``prompt_start`` is the ``SamplingParams.routed_experts_prompt_start`` the request was sent
     with (0.22+). ``meta`` is on the all_layers axis; its ``moe_layer_numbers`` re-expand 0.21's
-    MoE-only arrays.
+    MoE-only arrays. A missing or mistyped field raises :class:`~rr_vllm.EngineOutputError`.
     """
     check_policy(on_abort)
-    request_id = getattr(request_output, "request_id", "?")
-    p = len(request_output.prompt_token_ids or ())
-    split = hasattr(request_output, "prompt_routed_experts")  # vLLM 0.21
+    request = read_request(request_output)
+    p, split = request.num_prompt_tokens, request.split
     if split and prompt_start:
         raise EngineOutputError(
-            f"request {request_id}: prompt_start={prompt_start}, but vLLM 0.21 has no "
+            f"request {request.request_id}: prompt_start={prompt_start}, but vLLM 0.21 has no "
             "routed_experts_prompt_start (it arrived in 0.22); pass prompt_start=0"
         )
     out: list[SampleRoutes | None] = []
-    for c in request_output.outputs:
-        what = f"request {request_id}, completion {c.index}"
-        g, reason = len(c.token_ids), c.finish_reason
-        if not split or is_aborted(reason):
+    for c in request.completions:
+        what, g, reason_ = c.what, c.num_generated_tokens, c.finish_reason
+        if not split or is_aborted(reason_):
             out.append(
                 decode_routes_array(
-                    c.routed_experts,
+                    c.rows,
                     meta,
                     num_prompt_tokens=p,
                     num_generated_tokens=g,
                     prompt_start=prompt_start,
-                    finish_reason=reason,
+                    finish_reason=reason_,
                     on_abort=on_abort,
                     what=what,
                 )
             )
             continue
-        prompt_rows, gen_rows = request_output.prompt_routed_experts, c.routed_experts
+        prompt_rows, gen_rows = request.prompt_rows, c.rows
         if prompt_rows is None or gen_rows is None:
             raise EngineOutputError(
                 f"{what}: vLLM 0.21 returned None for "
                 f"{'prompt_routed_experts' if prompt_rows is None else 'routed_experts'} of a "
-                f"request that finished with finish_reason={reason!r}. 0.21 drops the routes of "
+                f"request that finished with finish_reason={reason_!r}. 0.21 drops the routes of "
                 "a preempted request (or capture is off): resubmit it, avoid preemption (more "
                 "KV-cache memory, fewer concurrent sequences), or upgrade to vLLM >= 0.22"
             )
@@ -236,7 +297,7 @@ def decode_vllm_output(
                 num_prompt_tokens=p,
                 num_tokens=p + g,
                 prompt_start=0,
-                finish_reason=reason,
+                finish_reason=reason_,
                 what=what,
             )
         )

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rr_vllm._errors import EngineOutputError, RouteStoreEvictedError
+from rr_vllm._errors import CaptureError, EngineOutputError, RouteStoreEvictedError
+from rr_vllm._fields import integer
 
 if TYPE_CHECKING:
     from rr_vllm._capture import ModelGeometry
@@ -26,9 +26,9 @@ def routes_store_max_bytes(
 ) -> int:
     """Bytes the store needs for ``num_tokens`` cached token rows (``L * K`` ids of 1 or 2 bytes
     each), times ``headroom``."""
-    n = operator.index(num_tokens)
-    if n < 1 or headroom < 1:
-        raise ValueError(f"need num_tokens >= 1 and headroom >= 1; got {n}, {headroom}")
+    n = integer(num_tokens, "num_tokens", error=CaptureError, minimum=1)
+    if not isinstance(headroom, int | float) or isinstance(headroom, bool) or not headroom >= 1:
+        raise CaptureError(f"need num_tokens >= 1 and headroom >= 1; got {n}, {headroom}")
     return math.ceil(n * geometry.route_bytes_per_token * headroom)
 
 

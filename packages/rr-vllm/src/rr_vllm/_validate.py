@@ -25,7 +25,7 @@ ABORT_REASONS = frozenset({"abort"})
 
 
 def is_aborted(finish_reason: str | None) -> bool:
-    return finish_reason in ABORT_REASONS
+    return isinstance(finish_reason, str) and finish_reason in ABORT_REASONS
 
 
 def check_row_count(num_rows: int, num_tokens: int, prompt_start: int) -> None:

@@ -27,7 +27,6 @@ expert 0 repeated K times: both refuse such batches unless ``strict=False``.
 from __future__ import annotations
 
 import itertools
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,6 +52,7 @@ from rr_core.codecs.encoding import (
 from rr_vllm._assemble import to_trainer_layout, truncate_response
 from rr_vllm._decode import SampleRoutes
 from rr_vllm._errors import EngineOutputError
+from rr_vllm._fields import integers
 from rr_vllm._validate import check_all_layers, validate_samples
 
 #: The dtype of verl's ``routed_experts`` tensor.
@@ -76,7 +76,7 @@ class VerlRoutes:
 
     def __post_init__(self) -> None:
         lengths = self.encoded.offsets_B1.diff().tolist()
-        prompts = tuple(operator.index(p) for p in self.num_prompt_tokens)
+        prompts = tuple(integers(self.num_prompt_tokens, "num_prompt_tokens", error=AlignmentError))
         object.__setattr__(self, "num_prompt_tokens", prompts)
         if len(prompts) != len(lengths):
             raise AlignmentError(f"{len(prompts)} prompt lengths for {len(lengths)} samples")
@@ -166,7 +166,7 @@ def pack_batch_for_verl(
     check_all_layers(batch.meta)
     if validate:
         batch.validate(allow_all_zero=allow_all_zero)
-    prompts = torch.as_tensor(num_prompt_tokens, dtype=torch.int64).reshape(-1).tolist()
+    prompts = integers(num_prompt_tokens, "num_prompt_tokens", error=AlignmentError)
     return _wrap(batch, prompts, codec)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,26 +30,70 @@ from rr_vllm._decode import (
     place_rows,
 )
 from rr_vllm._errors import EngineOutputError
+from rr_vllm._fields import as_mapping, count, key, reason, token_count
 from rr_vllm._store import check_error_body
 from rr_vllm._validate import is_aborted
 from rr_vllm._versions import vllm_flags
 
+_NPY_HEADERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def _npy_rows(raw: bytes, what: str) -> IntArray:
+    """A read-only view of a ``.npy`` file's array. The header's declared size is checked
+    against the bytes that follow it before anything is allocated (a header claiming shape
+    ``(10**18, 3, 2)`` must not ask for exabytes); object dtypes (pickles) are refused."""
+    fp = io.BytesIO(raw)
+    try:
+        version = np.lib.format.read_magic(fp)
+        read_header = _NPY_HEADERS.get(version)
+        if read_header is None:
+            raise EngineOutputError(
+                f"{what}: .npy format version {version[0]}.{version[1]}; vLLM writes 1.0 (2.0 "
+                "for huge headers)"
+            )
+        shape, fortran_order, dtype = read_header(fp)
+    except EngineOutputError:
+        raise
+    except Exception as e:  # numpy tokenizes and evaluates the header text: no fixed error set
+        raise EngineOutputError(
+            f"{what}: not a .npy file, its header cannot be read ({type(e).__name__}: {e}): a "
+            "truncated or altered response?"
+        ) from e
+    if dtype.kind not in "iu" or len(shape) != 3 or min(shape, default=0) < 0:
+        raise EngineOutputError(
+            f"{what} must be an integer [rows, layers, top_k] array; the .npy header declares "
+            f"dtype {dtype}, shape {shape}"
+        )
+    items = math.prod(shape)
+    body = len(raw) - fp.tell()
+    if items * dtype.itemsize != body:
+        raise EngineOutputError(
+            f"{what}: the .npy header declares shape {shape} of {dtype} ({items * dtype.itemsize}"
+            f" bytes), but {body} bytes follow it: a truncated or altered response"
+        )
+    flat = np.frombuffer(raw, dtype=dtype, count=items, offset=fp.tell())
+    return flat.reshape(shape[::-1]).T if fortran_order else flat.reshape(shape)
+
 
 def npy_base64_to_array(text: str) -> IntArray:
-    """vLLM's HTTP routes string (base64 of a ``.npy`` file) as an array, without pickles."""
+    """vLLM's HTTP routes string (base64 of a ``.npy`` file) as a read-only array, without
+    pickles; anything else raises :class:`~rr_vllm.EngineOutputError`."""
+    what = "routed_experts (.npy)"
     if not isinstance(text, str | bytes):
         raise EngineOutputError(f"routed_experts must be a base64 string; got {type(text)}")
     try:
-        raw = base64.b64decode(text, validate=True)
-        array = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (binascii.Error, ValueError, EOFError, OSError) as e:
+        array = _npy_rows(base64.b64decode(text, validate=True), what)
+    except (binascii.Error, ValueError, TypeError, SyntaxError, EOFError) as e:
+        if isinstance(e, EngineOutputError):
+            raise
         raise EngineOutputError(
             f"routed_experts is not the base64 of a .npy file ({type(e).__name__}: {e}); got "
             f"{len(text)} characters starting {text[:16]!r}: a truncated or altered response?"
         ) from e
-    if not isinstance(array, np.ndarray):
-        raise EngineOutputError(f"routed_experts decoded to {type(array).__name__}, not an array")
-    return as_rows(array, "routed_experts (.npy)")
+    return as_rows(array, what)
 
 
 def _generation_only(
@@ -96,11 +141,21 @@ def decode_vllm_http(
     ``prompt_token_ids`` here. An error body raises (a 0.32+ store eviction as
     :class:`~rr_vllm.RouteStoreEvictedError`); 0.21 answers need ``generation_only=True``."""
     check_policy(on_abort)
-    check_error_body(response)
+    body = as_mapping(response, "the HTTP response")
+    check_error_body(body)
     split = vllm_version is not None and vllm_flags(vllm_version).split_arrays
+    name = f"response {body.get('id', '?')}"
+    choices = key(body, "choices", f"{name} (a /v1/completions answer)")
+    if isinstance(choices, str | bytes | Mapping) or not isinstance(choices, Sequence):
+        raise EngineOutputError(
+            f"{name}: 'choices' must be a list of choice objects; got {type(choices).__name__}"
+        )
+    if not choices:
+        raise EngineOutputError(f"{name}: 'choices' is empty; a completion has n >= 1 choices")
     out: list[SampleRoutes | None] = []
-    for i, choice in enumerate(response.get("choices", ())):
-        what = f"response {response.get('id', '?')}, choice {choice.get('index', i)}"
+    for i, item in enumerate(choices):
+        choice = as_mapping(item, f"{name}, choice {i}")
+        what = f"{name}, choice {choice.get('index', i)}"
         prompt = choice.get("prompt_token_ids", prompt_token_ids)
         tokens = choice.get("token_ids")
         if prompt is None or tokens is None:
@@ -108,9 +163,11 @@ def decode_vllm_http(
                 f"{what}: needs prompt_token_ids and token_ids to place the routes; send the "
                 "request with return_token_ids=true or pass prompt_token_ids"
             )
+        p = token_count(prompt, f"{what}: prompt_token_ids")
+        g = token_count(tokens, f"{what}: token_ids")
         text = choice.get("routed_experts")
-        reason = choice.get("finish_reason")
-        routes = None if text is None or is_aborted(reason) else npy_base64_to_array(text)
+        reason_ = reason(choice.get("finish_reason"), f"{what}: finish_reason")
+        routes = None if text is None or is_aborted(reason_) else npy_base64_to_array(text)
         if routes is not None and (split or routes.dtype == np.int16):
             if prompt_start:
                 raise EngineOutputError(f"{what}: vLLM 0.21 has no prompt_start; pass 0")
@@ -118,9 +175,9 @@ def decode_vllm_http(
                 _generation_only(
                     routes,
                     meta,
-                    p=len(prompt),
-                    g=len(tokens),
-                    reason=reason,
+                    p=p,
+                    g=g,
+                    reason=reason_,
                     allowed=generation_only,
                     what=what,
                 )
@@ -130,10 +187,10 @@ def decode_vllm_http(
             decode_routes_array(
                 routes,
                 meta,
-                num_prompt_tokens=len(prompt),
-                num_generated_tokens=len(tokens),
+                num_prompt_tokens=p,
+                num_generated_tokens=g,
                 prompt_start=prompt_start,
-                finish_reason=reason,
+                finish_reason=reason_,
                 on_abort=on_abort,
                 what=what,
             )
@@ -144,6 +201,10 @@ def decode_vllm_http(
 def sglang_base64_to_array(text: str, num_layers: int, top_k: int) -> IntArray:
     """SGLang's routes string (base64 of raw little-endian int32, no header) as a read-only
     ``[N, num_layers, top_k]`` view."""
+    if not isinstance(text, str | bytes):
+        raise EngineOutputError(
+            f"meta_info['routed_experts'] must be a base64 string; got {type(text).__name__}"
+        )
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError, TypeError) as e:
@@ -167,21 +228,28 @@ def decode_sglang(
 ) -> SampleRoutes | None:
     """Routes of an SGLang ``/generate`` answer (or its ``meta_info``) sent with
     ``return_routed_experts``; ``start_len`` is the request's ``routed_experts_start_len``."""
-    info = response.get("meta_info", response)
-    finish = info.get("finish_reason")
-    reason = finish.get("type") if isinstance(finish, Mapping) else finish
-    text = info.get("routed_experts")
+    body = as_mapping(response, "the SGLang response")
+    check_error_body(body)
+    info = as_mapping(body.get("meta_info", body), "the SGLang response's meta_info")
     what = f"SGLang request {info.get('id', '?')}"
+    finish = info.get("finish_reason")
+    reason_ = reason(
+        finish.get("type") if isinstance(finish, Mapping) else finish,
+        f"{what}: meta_info['finish_reason']",
+    )
+    p = count(key(info, "prompt_tokens", f"{what}: meta_info"), f"{what}: prompt_tokens")
+    g = count(key(info, "completion_tokens", f"{what}: meta_info"), f"{what}: completion_tokens")
+    text = info.get("routed_experts")
     routes = None
-    if text is not None and not is_aborted(reason):
+    if text is not None and not is_aborted(reason_):
         routes = sglang_base64_to_array(text, len(meta.layer_numbers), meta.top_k)
     return decode_routes_array(
         routes,
         meta,
-        num_prompt_tokens=int(info["prompt_tokens"]),
-        num_generated_tokens=int(info["completion_tokens"]),
+        num_prompt_tokens=p,
+        num_generated_tokens=g,
         prompt_start=start_len,
-        finish_reason=reason,
+        finish_reason=reason_,
         on_abort=on_abort,
         what=what,
     )
