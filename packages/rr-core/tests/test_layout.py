@@ -504,5 +504,19 @@ def test_invalid_configs_raise_with_the_values(kwargs: dict[str, Any], message: 
 def test_layout_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match=r"outside 1\.\.4"):
         is_moe_layer(LayoutConfig(num_layers=4), 0)
-    with pytest.raises(LayoutError, match="not one of"):
+    with pytest.raises(LayoutError, match=r"layer axis must be one of .*got .experts."):
         axis_length(LayoutConfig(num_layers=4), "experts")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("axis", ["MoE_layers", "", None, 0, ["all_layers"], b"all_layers"])
+def test_select_stage_takes_exactly_a_layer_axis(axis: Any) -> None:
+    with pytest.raises(LayoutError, match="layer axis must be one of 'all_layers', 'moe_layers'"):
+        select_stage(torch.zeros(3, 2, 2), LayoutConfig(num_layers=2), axis, 0)
+
+
+def test_layer_axis_conversions_take_tensors_only() -> None:
+    cfg = LayoutConfig(num_layers=2)
+    with pytest.raises(
+        LayoutError, match=r"routes_TLK must be a torch.Tensor \[..., L, K\]; got list"
+    ):
+        all_layers_to_moe_layers([[[0, 1], [2, 3]]], cfg)  # type: ignore[arg-type]

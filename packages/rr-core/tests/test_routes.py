@@ -515,3 +515,44 @@ def test_validation_in_blocks_reports_global_rows_and_total_counts(
     v = _good(7)
     v[2:, 2] = 0
     _raises(r"sequence 1, layer 3 \(slot 2\): expert ids are all zero on all 5", v, [0, 2, 7])
+
+
+_CHOICE_LOOKALIKES = [
+    "LEFT", "Right", "", " left", "moe", "all-layers", None, 1, True, b"left", ["left"],
+    ("moe_layers",), np.array(["left", "right"]), np.array("left"),
+]  # fmt: skip
+
+
+def _small_batch() -> RouteBatch:
+    meta = RouteMeta(num_experts=8, top_k=2, layer_axis="moe_layers", layer_numbers=(1, 2))
+    return RouteBatch.from_sequences([np.array([[[0, 1], [2, 3]]] * 3)], meta)
+
+
+@pytest.mark.parametrize("side", _CHOICE_LOOKALIKES)
+def test_padding_side_takes_exactly_left_or_right(side: object) -> None:
+    batch = _small_batch()
+    for call in (batch.to_padded, batch.padded_token_mask):
+        with pytest.raises(
+            RouteValidationError, match="padding_side must be one of 'left', 'right'"
+        ):
+            call(side)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("length", [2.5, "4", True, np.array([4])])
+def test_padded_length_must_be_an_int(length: object) -> None:
+    with pytest.raises(RouteValidationError, match="length must be an int or None"):
+        _small_batch().to_padded("right", length)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("axis", _CHOICE_LOOKALIKES)
+def test_layer_axis_takes_exactly_its_two_values(axis: object) -> None:
+    with pytest.raises(LayoutError, match="must be one of 'all_layers', 'moe_layers'; got"):
+        RouteMeta(num_experts=8, top_k=2, layer_axis=axis, layer_numbers=(1, 2))  # type: ignore[arg-type]
+    with pytest.raises(LayoutError, match="axis must be one of 'all_layers', 'moe_layers'"):
+        _small_batch().to_layer_axis(axis)  # type: ignore[arg-type]
+
+
+def test_a_str_subclass_layer_axis_is_stored_as_a_plain_str() -> None:
+    meta = RouteMeta(num_experts=8, top_k=2, layer_axis=np.str_("moe_layers"), layer_numbers=(1,))
+    assert type(meta.layer_axis) is str
+    assert meta == RouteMeta(num_experts=8, top_k=2, layer_axis="moe_layers", layer_numbers=(1,))

@@ -19,20 +19,20 @@ from rr_core.layout.pipeline import (
     num_layers_to_build,
     num_moe_layers,
 )
-from rr_core.routes.axis import LAYER_AXES, LayerAxis
+from rr_core.routes.axis import LayerAxis, check_layer_axis
 
 
 def axis_length(cfg: LayoutConfig, axis: LayerAxis) -> int:
     """Number of slots on ``axis``: num_layers for ``all_layers``, MoE layers for ``moe_layers``."""
-    if axis == "all_layers":
+    if check_layer_axis(axis) == "all_layers":
         return cfg.num_layers
-    if axis == "moe_layers":
-        return num_moe_layers(cfg)
-    raise LayoutError(f"layer axis {axis!r} is not one of {LAYER_AXES}")
+    return num_moe_layers(cfg)
 
 
 def _check_axis(routes: torch.Tensor, cfg: LayoutConfig, axis: LayerAxis, name: str) -> None:
     expected = axis_length(cfg, axis)
+    if not isinstance(routes, torch.Tensor):
+        raise LayoutError(f"{name} must be a torch.Tensor [..., L, K]; got {type(routes).__name__}")
     if routes.dim() < 2 or routes.shape[-2] != expected:
         raise LayoutError(
             f"{name} has shape {tuple(routes.shape)} but the {axis} axis (dim -2 of [..., L, K]) "

@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 
 from rr_core.errors import LayoutError, RouteValidationError
-from rr_core.routes.axis import LAYER_AXES, LayerAxis
+from rr_core.routes.axis import LayerAxis, check_choice, check_layer_axis
 from rr_core.routes.validate import (
     ArrayLike,
     as_bool,
@@ -29,6 +29,7 @@ from rr_core.routes.validate import (
 from rr_core.routes.validate_ids import check_ids
 
 PaddingSide = Literal["left", "right"]
+PADDING_SIDES: tuple[str, ...] = get_args(PaddingSide)
 
 
 def cat_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -54,6 +55,8 @@ class RouteMeta:
     moe_layer_numbers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        axis = check_layer_axis(self.layer_axis, "RouteMeta.layer_axis")
+        object.__setattr__(self, "layer_axis", axis)  # a plain str, also for a str subclass
         layers, moe = check_meta(self)
         object.__setattr__(self, "layer_numbers", layers)
         object.__setattr__(self, "moe_layer_numbers", moe)
@@ -312,9 +315,10 @@ class RouteBatch:
         )
 
     def _padded_length(self, padding_side: str, length: int | None) -> int:
-        if padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right'; got {padding_side!r}")
+        check_choice(padding_side, PADDING_SIDES, "padding_side", RouteValidationError)
         longest = int(self.lengths.max()) if self.num_sequences else 0
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
+            raise RouteValidationError(f"length must be an int or None; got {length!r}")
         if length is not None and length < longest:
             raise RouteValidationError(
                 f"length={length} is shorter than the longest sequence ({longest} rows)"
@@ -361,6 +365,7 @@ class RouteBatch:
         ``1..num_layers`` (required when leaving ``moe_layers``) with zeros in the dense slots.
         """
         m, dev = self.meta, self.values_NLK.device
+        axis = check_layer_axis(axis, "axis")
         if axis == "moe_layers":
             if num_layers is not None:
                 raise LayoutError("num_layers applies only to the all_layers axis")
@@ -374,8 +379,6 @@ class RouteBatch:
             )
             values = self.values_NLK.index_select(1, torch.tensor(m.moe_slots, device=dev))
             return RouteBatch._trusted(values, self.offsets_B1, self.valid_N, meta)
-        if axis != "all_layers":
-            raise LayoutError(f"axis must be one of {LAYER_AXES}; got {axis!r}")
         if num_layers is None and m.layer_axis == "moe_layers":
             raise LayoutError(
                 "to_layer_axis('all_layers') from the moe_layers axis needs num_layers (the "

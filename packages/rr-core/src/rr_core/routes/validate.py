@@ -15,7 +15,7 @@ import numpy.typing as npt
 import torch
 
 from rr_core.errors import LayoutError, RouteValidationError
-from rr_core.routes.axis import LAYER_AXES
+from rr_core.routes.axis import check_layer_axis
 
 if TYPE_CHECKING:
     from rr_core.routes.batch import RouteMeta
@@ -75,10 +75,7 @@ def check_meta(meta: RouteMeta) -> tuple[tuple[int, ...], tuple[int, ...] | None
         raise RouteValidationError(
             f"RouteMeta.top_k must be an int in [1, num_experts={e}]; got {k!r}"
         )
-    if meta.layer_axis not in LAYER_AXES:
-        raise LayoutError(
-            f"RouteMeta.layer_axis must be one of {LAYER_AXES}; got {meta.layer_axis!r}"
-        )
+    check_layer_axis(meta.layer_axis, "RouteMeta.layer_axis")
     layers = _ints("layer_numbers", meta.layer_numbers)
     if not layers or layers[0] < 1 or any(b <= a for a, b in pairwise(layers)):
         raise LayoutError(
