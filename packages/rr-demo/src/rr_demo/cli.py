@@ -7,8 +7,16 @@ command runs, so ``rr --help`` and ``rr doctor`` stay fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 
@@ -42,40 +50,136 @@ def render(result: Any) -> str:
         ("record file (packed, checksummed)", f"{result.record_file_bytes} bytes", ""),
         ("run time", f"{result.seconds:.1f} s", ""),
     ]
-    width = max(len(r[0]) for r in rows)
-    return "\n".join(f"{a:<{width}}  {b:>18}  {c}" for a, b, c in rows)
+    width, middle = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    return "\n".join(f"{a:<{width}}  {b:>{middle}}  {c}".rstrip() for a, b, c in rows)
 
 
-def plot(result: Any, path: str) -> None:
-    """Per-layer routing mismatch without and with replay, as a PNG."""
+def figure(result: Any) -> Any:
+    """Per-layer routing mismatch without and with replay: a matplotlib Figure whose x axis
+    names the MoE layers and whose zero bars (replay, where exact) are labelled, not blank."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    without = [100 * share for share in result.mismatch_per_layer_without_replay]
+    with_replay = [100 * share for share in result.mismatch_per_layer_with_replay]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
     xs = list(range(len(result.layers)))
-    ax.bar([x - 0.2 for x in xs], result.mismatch_per_layer_without_replay, 0.4, label="no replay")
-    ax.bar([x + 0.2 for x in xs], result.mismatch_per_layer_with_replay, 0.4, label="R3 replay")
+    ax.bar([x - 0.2 for x in xs], without, 0.4, label="no replay")
+    bars = ax.bar([x + 0.2 for x in xs], with_replay, 0.4, label="R3 replay")
+    top = max(max(without, default=0.0) * 1.35, 1.0)
+    for x, value in zip(xs, with_replay, strict=True):
+        if value == 0.0:  # an empty bar would read as missing data
+            ax.annotate("0%", (x + 0.2, 0), xytext=(0, 2), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8,
+                        color=bars.patches[x].get_facecolor())  # fmt: skip
     ax.set_xticks(xs, [str(layer) for layer in result.layers])
-    ax.set_xlabel("MoE layer")
-    ax.set_ylabel("share of tokens routed differently")
-    ax.set_title("Trainer vs rollout routing")
-    top = max(result.mismatch_per_layer_without_replay, default=0.0)
-    ax.set_ylim(0, max(top * 1.4, 0.01))
+    ax.set_xlabel("MoE layer (decoder layer number)")
+    ax.set_ylabel("tokens routed differently")
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 5, 10]))  # whole percents
+    ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+    ax.set_title("Trainer vs rollout routing, per layer")
+    ax.set_ylim(0, top)
     ax.legend(loc="upper center", ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def plot(result: Any, path: str) -> None:
+    """Write :func:`figure` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    try:
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+
+
+def plot_problem(path: str) -> str | None:
+    """Why ``--plot path`` cannot be written, checked before the demo's minutes of work."""
+    import importlib.util
+
+    out = Path(path)
+    if importlib.util.find_spec("matplotlib") is None:
+        return "--plot needs matplotlib: pip install 'rr-demo[plot]'"
+    directory = out.parent if str(out.parent) else Path(".")
+    if not directory.is_dir():
+        return f"--plot {out}: no such directory {directory}; create it first"
+    if out.is_dir():
+        return f"--plot {out}: is a directory; name a .png file"
+    if not os.access(directory, os.W_OK):
+        return f"--plot {out}: directory {directory} is not writable"
+    return None
+
+
+class _Captured(logging.Handler):
+    """Library messages of the run (warnings, log records, stray prints), held back so the
+    progress bar stays on one line; shown with ``-v``."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.add(f"{record.levelname.lower()} ({record.name}): {record.getMessage()}")
+
+    def add(self, message: str) -> None:
+        message = message.strip()
+        if message and message not in self.messages:
+            self.messages.append(message)
+
+
+@contextlib.contextmanager
+def captured() -> Iterator[_Captured]:
+    """Capture warnings, log records at WARNING and above, and prints to stdout / stderr."""
+    held = _Captured()
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    root.addHandler(held)
+    try:
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            warnings.simplefilter("default")
+            try:
+                yield held
+            finally:
+                for w in caught:
+                    held.add(f"{w.category.__name__}: {w.message} ({Path(w.filename).name})")
+                for text in (out.getvalue(), err.getvalue()):
+                    for line in text.splitlines():
+                        held.add(line)
+    finally:
+        root.removeHandler(held)
+
+
+def _show(held: _Captured, verbose: bool) -> None:
+    if not held.messages:
+        return
+    if verbose:
+        print(f"library messages during the run ({len(held.messages)}):", file=sys.stderr)
+        for message in held.messages:
+            print(f"  {message}", file=sys.stderr)
+    else:
+        print(f"({len(held.messages)} library messages hidden; -v shows them)", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from rr_demo.run import DemoConfig, run_demo
-
+    if args.plot:
+        problem = plot_problem(args.plot)
+        if problem:
+            print(f"rr demo: {problem}", file=sys.stderr)
+            return 2
     stages = 6
-    with tqdm(total=stages, desc="rr demo", unit="stage", disable=args.json) as bar:
+    screen = sys.stderr  # the bar keeps the real terminal while library output is captured
+    with tqdm(total=stages, desc="rr demo", unit="stage", disable=args.json, file=screen) as bar:
         started = [False]
 
         def progress(stage: str) -> None:
@@ -84,16 +188,31 @@ def _run(args: argparse.Namespace) -> int:
             started[0] = True
             bar.set_postfix_str(stage)
 
-        result = run_demo(DemoConfig(), progress=progress)
+        held = _Captured()
+        try:
+            with captured() as held:
+                from rr_demo.run import DemoConfig, run_demo
+
+                result = run_demo(DemoConfig(), progress=progress)
+        except BaseException:
+            bar.close()
+            _show(held, verbose=True)  # the messages may say why it failed
+            raise
         bar.update(1)
-    if args.plot:
-        plot(result, args.plot)
+    _show(held, args.verbose)
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:
         print(render(result))
-        if args.plot:
-            print(f"plot written to {args.plot}")
+    sys.stdout.flush()  # the figures are on screen before the drawing starts
+    if args.plot:
+        try:
+            plot(result, args.plot)
+        except OSError as exc:
+            print(f"rr demo: --plot {args.plot}: cannot write ({exc.strerror or exc})",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"plot written to {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0 if result.mismatch_with_replay == 0.0 else 1
 
 
@@ -102,4 +221,7 @@ def register(commands: Any) -> None:
     parser = commands.add_parser("demo", help="replay a rollout in real Megatron on CPU")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--plot", metavar="PNG", help="write the per-layer mismatch plot")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show the libraries' warnings of the run"
+    )
     parser.set_defaults(func=_run)
