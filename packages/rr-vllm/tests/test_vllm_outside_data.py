@@ -30,12 +30,17 @@ from rr_core import RouteBatch, RRError
 from rr_fakes.engines import VllmEra, sglang_response, vllm_http_response, vllm_request_output
 from rr_vllm import (
     EngineOutputError,
+    VerlRoutes,
     decode_sglang,
     decode_vllm_batch,
     decode_vllm_http,
     decode_vllm_output,
     npy_base64_to_array,
+    pack_for_verl,
     sglang_base64_to_array,
+    to_verl_nested,
+    to_verl_padded,
+    unreplayable_rows,
     validate_samples,
 )
 from vllm_testing import distinct_routes, make_meta
@@ -500,3 +505,36 @@ def test_an_object_without_request_fields_names_them() -> None:
         decode_vllm_output(object(), META)
     with pytest.raises(EngineOutputError, match="list of RequestOutput"):
         decode_vllm_batch(vllm_output(), META)
+
+
+# --- verl payloads (they travel through Ray) --------------------------------------------------
+
+ENCODED_FORMS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "payload float": lambda e: {"payload": e.payload.float()},
+    "payload int16": lambda e: {"payload": e.payload.to(torch.int16)},
+    "payload short": lambda e: {"payload": e.payload[:-1]},
+    "payload long": lambda e: {"payload": torch.cat([e.payload, e.payload[:1]])},
+    "validity bits cut": lambda e: {"valid_bits": e.valid_bits[:0]},
+    "validity bits bool": lambda e: {"valid_bits": e.valid_bits.bool()},
+    "rows beyond the bits": lambda e: {"num_rows": e.num_rows + 8},
+    "offsets past the rows": lambda e: {"offsets_B1": torch.tensor([0, 20])},
+    "unknown codec": lambda e: {"codec": "zip"},
+}
+
+
+@pytest.mark.parametrize("codec", ["raw", "packed", "set"])
+@pytest.mark.parametrize("form", sorted(ENCODED_FORMS))
+def test_altered_verl_payloads_are_rr_errors(codec: str, form: str) -> None:
+    import dataclasses
+
+    routes = pack_for_verl(decode_vllm_output(vllm_output(), META), META, codec=codec)
+    encoded = dataclasses.replace(routes.encoded, **ENCODED_FORMS[form](routes.encoded))
+
+    def expand() -> None:
+        altered = VerlRoutes(encoded=encoded, num_prompt_tokens=routes.num_prompt_tokens)
+        unreplayable_rows(altered)
+        to_verl_nested(altered, strict=False)
+        to_verl_padded(altered, prompt_length=P, response_length=G, strict=False)
+
+    with pytest.raises(RRError):
+        expand()

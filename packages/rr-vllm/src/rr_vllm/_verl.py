@@ -75,6 +75,13 @@ class VerlRoutes:
     num_prompt_tokens: tuple[int, ...]
 
     def __post_init__(self) -> None:
+        for name in ("payload", "valid_bits"):  # bytes, whatever the codec: they travel by Ray
+            field = getattr(self.encoded, name)
+            if not isinstance(field, torch.Tensor) or field.dtype != torch.uint8:
+                raise CodecError(
+                    f"VerlRoutes.encoded.{name} must be a uint8 tensor (the codec's bytes); got "
+                    f"{getattr(field, 'dtype', type(field).__name__)}: encode with encode_routes"
+                )
         lengths = self.encoded.offsets_B1.diff().tolist()
         prompts = tuple(integers(self.num_prompt_tokens, "num_prompt_tokens", error=AlignmentError))
         object.__setattr__(self, "num_prompt_tokens", prompts)
