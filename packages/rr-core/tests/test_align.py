@@ -157,3 +157,44 @@ def test_D1_aligned_sequences_batch_matches_replay_mask() -> None:
     aligned = [align_routes(_rows(T - 1), T) for T in (3, 1, 5)]
     rb = RouteBatch.from_sequences([r for r, _ in aligned], meta, valid=[m for _, m in aligned])
     assert torch.equal(rb.valid_N, replay_mask_for_lengths(rb.lengths))
+
+
+_NOT_INTS = [None, 2.0, "3", [1], np.array([[1]]), torch.tensor(1.5), True, b""]
+
+
+@pytest.mark.parametrize("bad", _NOT_INTS)
+def test_counts_must_be_ints(bad: object) -> None:
+    routes = torch.zeros(3, 2, 2, dtype=torch.uint8)
+    mask = torch.ones(3, dtype=torch.bool)
+    calls = {
+        "num_tokens": lambda: align_routes(routes, bad),  # type: ignore[arg-type]
+        "prompt_start": lambda: align_routes(routes, 4, prompt_start=bad),  # type: ignore[arg-type]
+        "num_tokens ": lambda: truncate_routes(routes, mask, bad),  # type: ignore[arg-type]
+        "multiple": lambda: pad_rows(routes, mask, bad),  # type: ignore[arg-type]
+    }
+    for name, call in calls.items():
+        with pytest.raises(AlignmentError, match=f"{name.strip()} must be an int; got"):
+            call()
+
+
+@pytest.mark.parametrize("bad", [None, [True, True, True], np.ones(3, bool), 3])
+def test_truncate_and_pad_take_tensors(bad: object) -> None:
+    routes = torch.zeros(3, 2, 2, dtype=torch.uint8)
+    with pytest.raises(AlignmentError, match=r"mask_T must be a torch.Tensor"):
+        truncate_routes(routes, bad, 2)  # type: ignore[arg-type]
+    with pytest.raises(AlignmentError, match=r"routes_TLK must be a torch.Tensor"):
+        pad_rows(bad, torch.ones(3, dtype=torch.bool), 2)  # type: ignore[arg-type]
+    with pytest.raises(AlignmentError, match=r"routes_TLK must be 3-D \[T, L, K\]"):
+        pad_rows(routes[:, 0], torch.ones(3, dtype=torch.bool), 2)
+
+
+@pytest.mark.parametrize("bad", [None, 3, "34", b"3", [1.5, 2], [[1, 2]], ["a"], {1: 2}])
+def test_lengths_must_be_a_1d_integer_sequence(bad: object) -> None:
+    with pytest.raises(AlignmentError, match="lengths must be a 1-D integer sequence"):
+        replay_mask_for_lengths(bad)  # type: ignore[arg-type]
+
+
+def test_lengths_from_numpy_and_numpy_ints() -> None:
+    expected = torch.tensor([True, False, True, True, False])
+    assert torch.equal(replay_mask_for_lengths(np.array([2, 3])), expected)
+    assert torch.equal(replay_mask_for_lengths([np.int64(2), 3]), expected)

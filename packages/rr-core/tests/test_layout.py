@@ -520,3 +520,31 @@ def test_layer_axis_conversions_take_tensors_only() -> None:
         LayoutError, match=r"routes_TLK must be a torch.Tensor \[..., L, K\]; got list"
     ):
         all_layers_to_moe_layers([[[0, 1], [2, 3]]], cfg)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [None, 0.0, 1.0, "0", [0], True])
+def test_ranks_layers_and_fill_must_be_ints(bad: Any) -> None:
+    cfg = LayoutConfig(num_layers=4, pp_size=2, vp_size=2)
+    for call, what in [
+        (lambda: layer_offset(cfg, bad, 0), "pp_rank"),
+        (lambda: num_layers_to_build(cfg, 0, bad), "vp_stage"),
+        (lambda: stage_of_layer(cfg, bad), "layer_number"),
+        (lambda: moe_layers_to_all_layers(torch.zeros(1, 4, 2), cfg, bad), "fill"),
+    ]:
+        if what == "vp_stage" and bad is None:
+            continue  # None is "no VPP", refused with its own message below
+        with pytest.raises(LayoutError, match=f"{what} must be an int; got"):
+            call()
+    with pytest.raises(LayoutError, match="vp_stage is None"):
+        num_layers_to_build(cfg, 0, None)
+
+
+@pytest.mark.parametrize("bad", [None, 2.5, object()])
+def test_moe_layer_freq_of_the_wrong_type_raises(bad: Any) -> None:
+    with pytest.raises(LayoutError, match="moe_layer_freq must be an int or a 0/1 sequence"):
+        LayoutConfig(num_layers=4, moe_layer_freq=bad)
+
+
+def test_layout_functions_take_a_layout_config() -> None:
+    with pytest.raises(LayoutError, match="cfg must be a LayoutConfig; got dict"):
+        layer_offset({"num_layers": 4}, 0)  # type: ignore[arg-type]

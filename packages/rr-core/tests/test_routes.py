@@ -556,3 +556,36 @@ def test_a_str_subclass_layer_axis_is_stored_as_a_plain_str() -> None:
     meta = RouteMeta(num_experts=8, top_k=2, layer_axis=np.str_("moe_layers"), layer_numbers=(1,))
     assert type(meta.layer_axis) is str
     assert meta == RouteMeta(num_experts=8, top_k=2, layer_axis="moe_layers", layer_numbers=(1,))
+
+
+@pytest.mark.parametrize("bad", [None, 2.5, "8", True, [8]])
+def test_expert_counts_and_indices_must_be_ints(bad: object) -> None:
+    batch = _small_batch()
+    with pytest.raises(RouteValidationError, match="num_experts must be an int"):
+        narrowest_dtype(bad)  # type: ignore[arg-type]
+    with pytest.raises(RouteValidationError, match="sequence index must be an int"):
+        batch.sequence(bad)  # type: ignore[arg-type]
+    with pytest.raises(LayoutError, match="num_layers must be an int"):
+        batch.to_layer_axis("all_layers", num_layers=bad if bad is not None else 2.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [None, 3, "04", [0, 2.5], [0, None]])
+def test_offsets_must_be_ints(bad: object) -> None:
+    meta = RouteMeta(num_experts=8, top_k=2, layer_axis="moe_layers", layer_numbers=(1, 2))
+    with pytest.raises(RouteValidationError, match="offset"):
+        RouteBatch(np.zeros((4, 2, 2), np.uint8), bad, None, meta)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [None, {"num_experts": 8}, "meta"])
+def test_a_route_batch_needs_a_route_meta(bad: object) -> None:
+    with pytest.raises(RouteValidationError, match="meta must be a RouteMeta"):
+        RouteBatch(np.zeros((4, 2, 2), np.uint8), [0, 4], None, bad)  # type: ignore[arg-type]
+    with pytest.raises(RouteValidationError, match="meta must be a RouteMeta"):
+        RouteBatch.from_sequences([np.zeros((4, 2, 2), np.uint8)], bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [None, 3, "seq"])
+def test_from_sequences_needs_a_sequence(bad: object) -> None:
+    meta = RouteMeta(num_experts=8, top_k=2, layer_axis="moe_layers", layer_numbers=(1, 2))
+    with pytest.raises(RouteValidationError, match="seqs must be a sequence of"):
+        RouteBatch.from_sequences(bad, meta)  # type: ignore[arg-type]

@@ -122,3 +122,11 @@ def test_custom_predicate_and_shared_router_counted_once() -> None:
     walked = walk_routers(model, is_router=lambda m: isinstance(m, RecordingRouter))
     assert walked == [(4, router)]
     assert walk_routers(model, is_router=lambda m: False) == []
+
+
+@pytest.mark.parametrize("bad", [None, 3, "model", [], [nn.Linear(2, 2), "chunk"], torch.zeros(2)])
+def test_walking_something_that_is_not_a_model_raises(bad: object) -> None:
+    with pytest.raises(WalkError, match=r"model must be an nn.Module or a non-empty sequence"):
+        walk_routers(bad)  # type: ignore[arg-type]
+    with pytest.raises(WalkError, match=r"model must be an nn.Module"):
+        ReplayController(num_experts=6, top_k=2).attach(bad)  # type: ignore[arg-type]

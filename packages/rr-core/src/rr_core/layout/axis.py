@@ -19,6 +19,7 @@ from rr_core.layout.pipeline import (
     num_layers_to_build,
     num_moe_layers,
 )
+from rr_core.routes.args import as_index
 from rr_core.routes.axis import LayerAxis, check_layer_axis
 
 
@@ -62,6 +63,7 @@ def moe_layers_to_all_layers(
     apart use :func:`~rr_core.layout.pipeline.moe_pattern` rather than the fill value.
     """
     _check_axis(routes_TMK, cfg, "moe_layers", "routes_TMK")
+    fill = as_index(fill, "fill", LayoutError)
     shape = (*routes_TMK.shape[:-2], cfg.num_layers, routes_TMK.shape[-1])
     routes_TLK = routes_TMK.new_full(shape, fill)
     return routes_TLK.index_copy_(-2, _moe_slots(cfg, routes_TMK.device), routes_TMK)

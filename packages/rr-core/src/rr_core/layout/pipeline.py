@@ -15,10 +15,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rr_core.errors import LayoutError
+from rr_core.routes.args import as_index
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +83,10 @@ def _derive_moe_mask(cfg: LayoutConfig) -> tuple[bool, ...]:
     if isinstance(freq, int):
         _check_positive("moe_layer_freq", freq)
         return tuple(i % freq == 0 for i in range(n))
+    if not isinstance(freq, Iterable):
+        raise LayoutError(
+            f"moe_layer_freq must be an int or a 0/1 sequence, got {type(freq).__name__} {freq!r}"
+        )
     try:
         values = [operator.index(v) for v in freq]
     except TypeError as exc:
@@ -197,11 +202,13 @@ def _computed_counts(cfg: LayoutConfig) -> tuple[int, ...]:
 
 def moe_pattern(cfg: LayoutConfig) -> tuple[bool, ...]:
     """One flag per decoder layer (index i = layer_number i+1): True where the layer is MoE."""
+    _check_config(cfg)
     return cfg._moe_mask
 
 
 def _check_layer_number(cfg: LayoutConfig, layer_number: int) -> None:
-    if isinstance(layer_number, bool) or not 1 <= layer_number <= cfg.num_layers:
+    _check_config(cfg)
+    if not 1 <= as_index(layer_number, "layer_number", LayoutError) <= cfg.num_layers:
         raise LayoutError(
             f"layer_number {layer_number!r} is outside 1..{cfg.num_layers}; decoder layer numbers "
             "are global and 1-based (MTP layers are not on this axis)"
@@ -216,16 +223,19 @@ def is_moe_layer(cfg: LayoutConfig, layer_number: int) -> bool:
 
 def moe_layer_numbers(cfg: LayoutConfig) -> tuple[int, ...]:
     """Global 1-based numbers of the MoE layers; position j is slot j of the ``moe_layers`` axis."""
+    _check_config(cfg)
     return tuple(i + 1 for i, moe in enumerate(cfg._moe_mask) if moe)
 
 
 def dense_layer_numbers(cfg: LayoutConfig) -> tuple[int, ...]:
     """Global 1-based numbers of the dense layers (their ``all_layers`` slots carry no route)."""
+    _check_config(cfg)
     return tuple(i + 1 for i, moe in enumerate(cfg._moe_mask) if not moe)
 
 
 def num_moe_layers(cfg: LayoutConfig) -> int:
     """Length of the ``moe_layers`` axis."""
+    _check_config(cfg)
     return sum(cfg._moe_mask)
 
 
@@ -244,11 +254,18 @@ def moe_ordinal(cfg: LayoutConfig, layer_number: int) -> int:
 
 def virtual_stage_layer_counts(cfg: LayoutConfig) -> tuple[int, ...]:
     """Decoder layers per virtual stage, index ``vp_stage * pp_size + pp_rank``."""
+    _check_config(cfg)
     return cfg._stage_counts
 
 
+def _check_config(cfg: object) -> None:
+    if not isinstance(cfg, LayoutConfig):
+        raise LayoutError(f"cfg must be a LayoutConfig; got {type(cfg).__name__}")
+
+
 def _virtual_index(cfg: LayoutConfig, pp_rank: int, vp_stage: int | None) -> int:
-    if isinstance(pp_rank, bool) or not 0 <= pp_rank < cfg.pp_size:
+    _check_config(cfg)
+    if not 0 <= as_index(pp_rank, "pp_rank", LayoutError) < cfg.pp_size:
         raise LayoutError(f"pp_rank {pp_rank!r} is outside 0..{cfg.pp_size - 1}")
     if cfg.vp_size is None:
         if vp_stage is not None:
@@ -259,19 +276,21 @@ def _virtual_index(cfg: LayoutConfig, pp_rank: int, vp_stage: int | None) -> int
             f"vp_size={cfg.vp_size} but vp_stage is None; pass the model chunk's vp_stage "
             "(falling back to the current global rank gives wrong offsets)"
         )
-    if isinstance(vp_stage, bool) or not 0 <= vp_stage < cfg.vp_size:
+    if not 0 <= as_index(vp_stage, "vp_stage", LayoutError) < cfg.vp_size:
         raise LayoutError(f"vp_stage {vp_stage!r} is outside 0..{cfg.vp_size - 1}")
     return vp_stage * cfg.pp_size + pp_rank
 
 
 def num_layers_to_build(cfg: LayoutConfig, pp_rank: int, vp_stage: int | None = None) -> int:
     """Decoder layers held by one stage (Megatron's ``get_num_layers_to_build``)."""
-    return cfg._stage_counts[_virtual_index(cfg, pp_rank, vp_stage)]
+    index = _virtual_index(cfg, pp_rank, vp_stage)  # checks cfg before it is read
+    return cfg._stage_counts[index]
 
 
 def layer_offset(cfg: LayoutConfig, pp_rank: int, vp_stage: int | None = None) -> int:
     """Layers before one stage (Megatron's ``get_transformer_layer_offset``)."""
-    return sum(cfg._stage_counts[: _virtual_index(cfg, pp_rank, vp_stage)])
+    index = _virtual_index(cfg, pp_rank, vp_stage)  # checks cfg before it is read
+    return sum(cfg._stage_counts[:index])
 
 
 def stage_layer_numbers(

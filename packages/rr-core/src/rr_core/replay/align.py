@@ -8,12 +8,13 @@ rows are left to the native router (mask False, ids zero), never replayed as exp
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from rr_core.errors import AlignmentError, RouteValidationError
+from rr_core.routes.args import as_index
 from rr_core.routes.validate import ArrayLike, as_int_tensor, is_integer_dtype
 
 
@@ -25,6 +26,11 @@ def _routes_3d(routes: ArrayLike, what: str) -> torch.Tensor:
 
 
 def _check_mask(routes_TLK: torch.Tensor, mask_T: torch.Tensor) -> None:
+    for name, t in (("routes_TLK", routes_TLK), ("mask_T", mask_T)):
+        if not isinstance(t, torch.Tensor):
+            raise AlignmentError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if routes_TLK.dim() != 3:
+        raise AlignmentError(f"routes_TLK must be 3-D [T, L, K]; got {tuple(routes_TLK.shape)}")
     if mask_T.dtype != torch.bool or tuple(mask_T.shape) != (routes_TLK.shape[0],):
         raise AlignmentError(
             f"mask_T must be bool [T={routes_TLK.shape[0]}] like the routes' rows; got shape "
@@ -41,7 +47,8 @@ def align_routes(
     route for every token); rows before ``prompt_start`` and a missing last row are invalid.
     """
     routes = _routes_3d(routes_NLK, "routes_NLK")
-    T, ps, N = operator.index(num_tokens), operator.index(prompt_start), routes.shape[0]
+    T = as_index(num_tokens, "num_tokens", AlignmentError)
+    ps, N = as_index(prompt_start, "prompt_start", AlignmentError), routes.shape[0]
     if T < 0 or not 0 <= ps <= T:
         raise AlignmentError(
             f"need num_tokens >= 0 and prompt_start in [0, num_tokens]; got num_tokens={T}, "
@@ -68,7 +75,7 @@ def truncate_routes(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Views of the first ``num_tokens`` rows, for a response truncated after generation (D7)."""
     _check_mask(routes_TLK, mask_T)
-    T, n = routes_TLK.shape[0], operator.index(num_tokens)
+    T, n = routes_TLK.shape[0], as_index(num_tokens, "num_tokens", AlignmentError)
     if not 0 <= n <= T:
         raise AlignmentError(
             f"cannot truncate {T} route rows to num_tokens={n}: truncation keeps 0..{T} rows and "
@@ -85,7 +92,7 @@ def pad_rows(
     Real rows keep their positions; padded rows are zero and invalid.
     """
     _check_mask(routes_TLK, mask_T)
-    m = operator.index(multiple)
+    m = as_index(multiple, "multiple", AlignmentError)
     if m < 1:
         raise AlignmentError(f"multiple must be >= 1; got {m}")
     T, L, K = routes_TLK.shape
@@ -103,8 +110,19 @@ def replay_mask_for_lengths(
     each non-empty sequence's last row (the last sampled token, D1) is invalid."""
     if isinstance(lengths, torch.Tensor):
         lens = lengths
+    elif isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence | np.ndarray):
+        raise AlignmentError(
+            f"lengths must be a 1-D integer sequence; got {type(lengths).__name__}"
+        )
     else:  # an empty list would become float32
-        lens = torch.tensor(list(lengths)) if len(lengths) else torch.zeros(0, dtype=torch.int64)
+        try:
+            lens = (
+                torch.as_tensor(np.asarray(lengths))
+                if len(lengths)
+                else torch.zeros(0, dtype=torch.int64)
+            )
+        except (TypeError, ValueError) as e:
+            raise AlignmentError(f"lengths must be a 1-D integer sequence; got {lengths!r}") from e
     if lens.dim() != 1 or not is_integer_dtype(lens.dtype):
         raise AlignmentError(f"lengths must be a 1-D integer sequence; got {lens}")
     lens = lens.to(torch.int64)

@@ -334,6 +334,7 @@ class ReplayController:
 
     def release(self, microbatch: Hashable) -> None:
         """Drop one micro-batch's targets and records without checking them."""
+        _check_hashable(microbatch)
         self._armed.pop(microbatch, None)
         self._recorded.pop(microbatch, None)
 
@@ -342,6 +343,7 @@ class ReplayController:
     def microbatch(self, microbatch: Hashable) -> Iterator[_MicrobatchScope]:
         """Routers firing inside belong to ``microbatch``. Call ``scope.track(output)`` so a
         later backward recompute knows which micro-batch it belongs to."""
+        _check_hashable(microbatch)
         previous, self._forward_mb = self._forward_mb, microbatch
         try:
             yield _MicrobatchScope(self, microbatch)
@@ -351,6 +353,7 @@ class ReplayController:
     @contextmanager
     def backward(self, microbatch: Hashable) -> Iterator[None]:
         """Explicitly mark a backward (and its recompute) as belonging to ``microbatch``."""
+        _check_hashable(microbatch)
         previous, self._backward_mb = self._backward_mb, microbatch
         try:
             yield
@@ -523,6 +526,7 @@ class ReplayController:
         """The ids recorded for one micro-batch as ``[T, L, K]`` on the attached routers'
         layers (a ``moe_layers`` axis: ``layer_numbers`` names the slots); ``dtype`` narrows
         them on the way, in one pass."""
+        _check_hashable(microbatch)
         if dtype is not None and (
             not isinstance(dtype, torch.dtype)
             or dtype not in _ID_DTYPES

@@ -71,6 +71,12 @@ def walk_routers(
     decoder axis. Two routers claiming one layer number raise :class:`WalkError`.
     """
     chunks = list(model) if isinstance(model, Sequence) else [model]
+    bad = [type(c).__name__ for c in chunks if not isinstance(c, nn.Module)]
+    if bad or not chunks:
+        raise WalkError(
+            "model must be an nn.Module or a non-empty sequence of them (VPP chunks); got "
+            f"{type(model).__name__}" + (f" holding {', '.join(bad)}" if bad else "")
+        )
     found: dict[int, tuple[int, nn.Module, str]] = {}  # id(router) -> (layer, router, path)
     for chunk_index, chunk in enumerate(chunks):
         root = scope(chunk)

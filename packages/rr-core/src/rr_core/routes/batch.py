@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from rr_core.errors import LayoutError, RouteValidationError
+from rr_core.routes.args import as_index
 from rr_core.routes.axis import LayerAxis, check_choice, check_layer_axis
 from rr_core.routes.validate import (
     ArrayLike,
@@ -81,6 +82,7 @@ class RouteMeta:
 
 def narrowest_dtype(num_experts: int) -> torch.dtype:
     """The smallest integer dtype that holds every id in ``[0, num_experts)`` exactly."""
+    num_experts = as_index(num_experts, "num_experts", RouteValidationError)
     if num_experts < 1:
         raise RouteValidationError(f"num_experts must be >= 1; got {num_experts}")
     if num_experts <= 256:
@@ -139,12 +141,14 @@ class RouteBatch:
         validate: bool = True,
         allow_all_zero: bool = False,
     ) -> None:
+        if not isinstance(meta, RouteMeta):
+            raise RouteValidationError(f"meta must be a RouteMeta; got {type(meta).__name__}")
         values = narrow_ids(values_NLK, meta.num_experts)
         dev = values.device
         if isinstance(offsets_B1, torch.Tensor):
             offsets = as_int_tensor(offsets_B1, "offsets_B1").to(dev, torch.int64)
         else:
-            offsets = torch.tensor(list(offsets_B1), dtype=torch.int64, device=dev)
+            offsets = _offsets_tensor(offsets_B1, dev)
         n = values.shape[0] if values.dim() else 0
         valid = torch.ones(n, dtype=torch.bool) if valid_N is None else as_bool(valid_N, "valid_N")
         self.values_NLK, self.offsets_B1, self.valid_N = values, offsets, valid.to(dev)
@@ -173,6 +177,12 @@ class RouteBatch:
         allow_all_zero: bool = False,
     ) -> RouteBatch:
         """From per-sequence ``[T_i, L, K]`` ids (any int dtype) and optional ``[T_i]`` masks."""
+        if not isinstance(meta, RouteMeta):
+            raise RouteValidationError(f"meta must be a RouteMeta; got {type(meta).__name__}")
+        if not isinstance(seqs, Sequence) or isinstance(seqs, (str, bytes)):
+            raise RouteValidationError(
+                f"seqs must be a sequence of [T, L, K] arrays; got {type(seqs).__name__}"
+            )
         L, K = len(meta.layer_numbers), meta.top_k
         parts: list[torch.Tensor] = []
         for i, s in enumerate(seqs):
@@ -284,7 +294,7 @@ class RouteBatch:
 
     def sequence(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views ``(values_TLK, valid_T)`` of sequence ``i`` (negative ``i`` from the end)."""
-        B = self.num_sequences
+        B, i = self.num_sequences, as_index(i, "sequence index", RouteValidationError)
         if not -B <= i < B:
             raise IndexError(f"sequence {i} out of range for a batch of {B}")
         a, b = self.offsets_B1[i % B : i % B + 2].tolist()
@@ -384,6 +394,8 @@ class RouteBatch:
                 "to_layer_axis('all_layers') from the moe_layers axis needs num_layers (the "
                 "model's decoder layer count)"
             )
+        if num_layers is not None:
+            num_layers = as_index(num_layers, "num_layers", LayoutError)
         num_layers = m.layer_numbers[-1] if num_layers is None else num_layers
         if num_layers < m.layer_numbers[-1]:
             raise LayoutError(
@@ -404,6 +416,16 @@ class RouteBatch:
         dst = torch.tensor([n - 1 for n in m.routed_layer_numbers], device=dev)
         values[:, dst] = self.values_NLK.index_select(1, torch.tensor(m.moe_slots, device=dev))
         return RouteBatch._trusted(values, self.offsets_B1, self.valid_N, meta)
+
+
+def _offsets_tensor(offsets: object, device: torch.device) -> torch.Tensor:
+    if isinstance(offsets, (str, bytes)) or not isinstance(offsets, Sequence | np.ndarray):
+        raise RouteValidationError(
+            "offsets_B1 must be an int64 tensor or a sequence of ints; got "
+            f"{type(offsets).__name__}"
+        )
+    values = [as_index(v, "each offset", RouteValidationError) for v in offsets]
+    return torch.tensor(values, dtype=torch.int64, device=device)
 
 
 def _jagged_parts(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
