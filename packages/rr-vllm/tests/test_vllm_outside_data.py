@@ -538,3 +538,14 @@ def test_altered_verl_payloads_are_rr_errors(codec: str, form: str) -> None:
 
     with pytest.raises(RRError):
         expand()
+
+
+@pytest.mark.parametrize("version", [5, 0.33, None, ["0.33.0"], b"0.33.0"])
+def test_a_version_that_is_not_a_string_is_a_capture_error(version: Any) -> None:
+    from rr_vllm import CaptureError, vllm_flags
+
+    with pytest.raises(CaptureError, match="a vLLM version is a string"):
+        vllm_flags(version)
+    if version is not None:  # None: the installed version
+        with pytest.raises(CaptureError, match="a vLLM version is a string"):
+            decode_vllm_http(VALID_HTTP, META, vllm_version=version)

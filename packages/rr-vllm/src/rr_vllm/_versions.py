@@ -39,6 +39,8 @@ class VllmFlags:
 def _release(version: str) -> Version:
     """The release part only: ``0.21.0rc1``, ``0.33.0+cu128`` and ``0.22.1.dev3`` compare as
     their release, so a pre-release has the features of the release it precedes."""
+    if not isinstance(version, str):
+        raise CaptureError(f"a vLLM version is a string such as '0.33.0'; got {version!r}")
     try:
         return Version(Version(version).base_version)
     except InvalidVersion as e:
@@ -53,9 +55,14 @@ def installed_vllm_version() -> str | None:
         return None
 
 
-@functools.cache
 def vllm_flags(version: str) -> VllmFlags:
     """The flags of one vLLM version string (cached: computed once per version)."""
+    _release(version)  # a foreign value raises before it reaches the cache (unhashable)
+    return _flags(version)
+
+
+@functools.cache
+def _flags(version: str) -> VllmFlags:
     release = _release(version)
     flags = {name: release in SpecifierSet(spec) for name, spec in VLLM_FEATURES.items()}
     return VllmFlags(version=version, **flags)
