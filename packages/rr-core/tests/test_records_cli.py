@@ -75,3 +75,76 @@ def test_verify_exit_codes(
     assert _cli.main(["verify", str(index)]) == 0
     (shards / "routes-rank00001.safetensors").write_bytes(b"\0" * 16)
     assert _cli.main(["verify", str(index)]) == 1
+
+
+def test_inspect_json_is_compact(record: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli.main(["inspect", "--json", str(record)]) == 0
+    text = capsys.readouterr().out
+    info = json.loads(text)
+    lines = text.splitlines()
+    assert len(lines) == len(info) + 3 + len(info["expert_load"])  # a key a line, a layer a line
+    assert [line.strip().rstrip(",") for line in lines if line.startswith("  [")] == [
+        json.dumps(row) for row in info["expert_load"]
+    ]
+
+
+def test_inspect_plot_checks_its_path_first_and_prints_before_drawing(
+    record: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plt = pytest.importorskip("matplotlib.pyplot")
+    missing = tmp_path / "missing" / "x.png"
+    assert _cli.main(["inspect", str(tmp_path / "absent.rr"), "--plot", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"no such directory {missing.parent}" in err
+    assert "absent.rr" not in err
+    figures = []
+    real_close = plt.close
+
+    def keep(fig: object) -> None:
+        figures.append(fig)
+        real_close(fig)
+
+    def first_the_figures(*args: object, **kwargs: object) -> None:
+        assert "codec packed" in capsys.readouterr().out  # already on screen
+        real_savefig(*args, **kwargs)
+
+    monkeypatch.setattr(plt, "close", keep)
+    from matplotlib.figure import Figure
+
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", first_the_figures)
+    out = tmp_path / "load.png"
+    assert _cli.main(["inspect", str(record), "--plot", str(out)]) == 0
+    (fig,) = figures
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["2", "3", "4"]  # layer numbers
+    fig.canvas.draw()
+    label = ax.yaxis.label.get_window_extent()
+    assert label.x0 >= 0
+    assert label.y0 >= 0
+    assert label.y1 <= fig.bbox.height
+
+
+@pytest.mark.parametrize("rows", ["0", "-5", "many"])
+def test_convert_chunk_rows_must_be_positive(
+    record: Path, tmp_path: Path, rows: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["convert", str(record), str(tmp_path / "x.rr"), "--codec", "raw", "--chunk-rows", rows]
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(args)
+    assert exit_info.value.code == 2
+    assert "--chunk-rows: expected a positive integer" in capsys.readouterr().err
+    assert not (tmp_path / "x.rr").exists()
+
+
+def test_verify_names_the_file_once(record: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = bytearray(record.read_bytes())
+    data[-1] ^= 1
+    record.write_bytes(data)
+    assert _cli.main(["verify", str(record)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"FAIL {record}: checksum mismatch")
+    assert line.count("run.rr") == 1

@@ -74,22 +74,59 @@ def _summary(header: RecordHeader, batch: RouteBatch, payload: int) -> dict[str,
 
 def _inspect(args: argparse.Namespace) -> int:
     from rr_core.errors import RRError
-    from rr_core.records.file import load_routes, read_record
+    from rr_core.records.file import read_record
+
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None:
+        problem = _plot_problem(plot)
+        if problem:
+            print(f"rr inspect: {problem}", file=sys.stderr)
+            return 2
+    from rr_core.codecs.encoding import decode_routes
 
     try:
         header, enc = read_record(args.file)
-        batch = load_routes(args.file)
     except RRError as exc:
         print(f"rr inspect: {exc}", file=sys.stderr)
         return 1
+    try:
+        batch = decode_routes(enc)
+    except RRError as exc:
+        print(f"rr inspect: {args.file}: {exc}", file=sys.stderr)
+        return 1
     info = _summary(header, batch, enc.payload.numel())
-    if args.plot:
-        code = _plot(info, Path(args.plot))
-        if code:
-            return code
     if args.json:
-        print(json.dumps(info, indent=1))
-        return 0
+        print(compact_json(info))
+    else:
+        _print_text(info)
+    if plot is not None:
+        sys.stdout.flush()  # the figures are on screen before the drawing starts
+        try:
+            _plot(info, plot)
+        except OSError as exc:
+            print(
+                f"rr inspect: --plot {plot}: cannot write ({exc.strerror or exc})", file=sys.stderr
+            )
+            return 1
+        print(f"wrote {plot}", file=sys.stderr)
+    return 0
+
+
+def compact_json(info: dict[str, Any]) -> str:
+    """``info`` as JSON, one key per line and each list on one line (``expert_load``: one line
+    per MoE layer), so that 128 experts x 48 layers stay readable."""
+    lines = []
+    for key, value in info.items():
+        if key == "expert_load":
+            rows = ",\n".join(f"  {json.dumps(row)}" for row in value)
+            text = f"[\n{rows}\n ]" if value else "[]"
+        else:
+            text = json.dumps(value, sort_keys=isinstance(value, dict))
+        lines.append(f" {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(lines) + "\n}"
+
+
+def _print_text(info: dict[str, Any]) -> None:
     moe = info["moe_layer_numbers"]
     print(f"{info['file']}")
     print(
@@ -114,28 +151,46 @@ def _inspect(args: argparse.Namespace) -> int:
         moe, info["expert_load"], info["max_over_mean_load"], strict=True
     ):
         print(f"  {layer:>5} {ratio:5.2f} |{load_bars(load_E)}|")
-    return 0
 
 
-def _plot(info: dict[str, Any], out: Path) -> int:
-    try:
-        import matplotlib
+def _plot_problem(out: Path) -> str | None:
+    """Why ``out`` cannot be drawn to, checked before any work: matplotlib, the directory."""
+    import importlib.util
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("rr inspect --plot needs matplotlib: pip install 'rr-core[plot]'", file=sys.stderr)
-        return 2
-    fig, ax = plt.subplots(figsize=(10, 1 + 0.12 * len(info["expert_load"])))
+    if importlib.util.find_spec("matplotlib") is None:
+        return "--plot needs matplotlib: pip install 'rr-core[plot]'"
+    directory = out.parent if str(out.parent) else Path(".")
+    if not directory.is_dir():
+        return f"--plot {out}: no such directory {directory}; create it first"
+    if out.is_dir():
+        return f"--plot {out}: is a directory; name a .png file"
+    import os
+
+    if not os.access(directory, os.W_OK):
+        return f"--plot {out}: directory {directory} is not writable"
+    return None
+
+
+def _plot(info: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = info["moe_layer_numbers"]
+    M = len(layers)
+    fig, ax = plt.subplots(figsize=(10, max(3.0, 1.5 + 0.12 * M)))
     image = ax.imshow(info["expert_load"], aspect="auto", interpolation="nearest", cmap="viridis")
+    step = max(1, -(-M // 24))  # at most about 24 labels, each a layer number
+    ticks = list(range(0, M, step))
+    ax.set_yticks(ticks, [str(layers[i]) for i in ticks])
     ax.set_xlabel("expert id")
-    ax.set_ylabel("MoE layer (ordinal)")
+    ax.set_ylabel("MoE layer number")
     ax.set_title(f"{Path(info['file']).name}: routed tokens per expert")
     fig.colorbar(image, ax=ax, label="tokens")
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
-    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -152,6 +207,13 @@ def _convert(args: argparse.Namespace) -> int:
     from rr_core.errors import RRError
     from rr_core.records.file import read_record, save_routes
 
+    out_dir = Path(args.output).parent
+    if not out_dir.is_dir():
+        print(
+            f"rr convert: {out_dir}: no such directory to write into; create it first",
+            file=sys.stderr,
+        )
+        return 1
     try:
         codec = check_codec(args.codec)
         header, enc = read_record(args.input)
@@ -193,23 +255,94 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from rr_core.records.shards import INDEX_NAME
+
+    path = Path(args.file)
+    if args.clean:
+        _clean(path)
+    if path.is_dir():
+        if (path / INDEX_NAME).is_file():
+            return _verify_one(path / INDEX_NAME, args)
+        files = sorted(
+            p for p in path.iterdir() if p.suffix in _RECORD_SUFFIXES and not p.name.startswith(".")
+        )
+        if not files:
+            print(
+                f"FAIL {path}: no {INDEX_NAME} and no *.safetensors or *.rr files", file=sys.stderr
+            )
+            return 1
+        return max(_verify_one(f, args) for f in files)
+    return _verify_one(path, args)
+
+
+_RECORD_SUFFIXES = (".safetensors", ".rr")
+
+
+def _verify_one(path: Path, args: argparse.Namespace) -> int:
     from rr_core.errors import RRError
     from rr_core.records.file import load_routes
     from rr_core.records.shards import RouteIndex
+    from rr_core.records.temps import parse_temp
 
-    path = Path(args.file)
+    if parse_temp(path) is not None:
+        print(
+            f"FAIL {path}: a temporary file of an unfinished write, not a record "
+            "(rr verify --clean removes those whose writer is gone)",
+            file=sys.stderr,
+        )
+        return 1
+    is_index = path.suffix == ".json"
     try:
-        files = RouteIndex(path).shard_files() if path.suffix == ".json" else [path]
-        if path.suffix == ".json":
+        if is_index:
             index = RouteIndex(path)
+            files = index.shard_files()
             index.load(index.sample_ids)
+        else:
+            files = [path]
         for f in files:
             load_routes(f).validate(allow_all_zero=args.allow_all_zero)
     except RRError as exc:
-        print(f"FAIL {path}: {exc}", file=sys.stderr)
+        message = str(exc).removeprefix(f"{path}: ")
+        print(f"FAIL {path}: {message}", file=sys.stderr)
         return 1
-    print(f"OK {path}" + (f" ({len(files)} shards)" if path.suffix == ".json" else ""))
+    print(f"OK {path}" + (f" ({len(files)} shards)" if is_index else ""))
     return 0
+
+
+def _clean(path: Path) -> None:
+    """Remove the stale temporary files of ``path`` (a directory: of every file in it)."""
+    from rr_core.records.temps import temp_files
+
+    directory, name = (path, None) if path.is_dir() else (path.parent, path.name)
+    try:
+        found = temp_files(directory, name)
+    except OSError as exc:
+        print(f"rr verify --clean: {directory}: cannot list ({exc.strerror})", file=sys.stderr)
+        return
+    for t in found:
+        if not t.stale():
+            who = f"pid {t.pid}" if t.pid is not None else "its writer"
+            print(f"kept {t.path} (a write in progress: {who} is running or wrote recently)")
+            continue
+        try:
+            t.path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            print(f"rr verify --clean: {t.path}: cannot remove ({exc.strerror})", file=sys.stderr)
+            continue
+        print(f"removed {t.path} (left by a writer that is gone)")
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def register_inspect(commands: Any) -> None:
@@ -227,7 +360,7 @@ def register_convert(commands: Any) -> None:
     p.add_argument("input")
     p.add_argument("output")
     p.add_argument("--codec", required=True, help="raw, packed or set (set loses id order)")
-    p.add_argument("--chunk-rows", type=int, default=1 << 16, help="valid rows per step")
+    p.add_argument("--chunk-rows", type=_positive, default=1 << 16, help="valid rows per step")
     p.add_argument("--progress", action="store_true", help="show the progress bar off a tty too")
     p.set_defaults(func=_convert)
 
@@ -235,7 +368,16 @@ def register_convert(commands: Any) -> None:
 def register_verify(commands: Any) -> None:
     """Add ``rr verify`` (entry point ``rr.commands``)."""
     p = commands.add_parser("verify", help="check a record file or index (exit 0 ok, 1 bad)")
-    p.add_argument("file", help="a record file, or an index.json to check every shard")
+    p.add_argument(
+        "file",
+        help="a record file, an index.json to check every shard, or a directory (its index.json, "
+        "else its *.safetensors and *.rr files)",
+    )
+    p.add_argument(
+        "--clean",
+        action="store_true",
+        help="first remove temporary files left by killed writers (never a running writer's)",
+    )
     p.add_argument(
         "--allow-all-zero",
         action="store_true",

@@ -4,7 +4,9 @@ The bytes go to a temporary file in the destination's directory (a rename is onl
 one file system), are forced to disk with ``fsync`` (``os.write`` is unbuffered, so there is no
 user-space buffer to flush), the temporary file is renamed over the destination, and the
 directory itself is fsynced so that the rename survives a power loss. A kill before the rename
-can leave a ``.<name>.*.tmp`` file behind; readers never look at those.
+can leave a ``.<name>.<host>-<pid>.*.tmp`` file behind (see :mod:`rr_core.records.temps`):
+readers never look at those, and the next write to the same destination removes the ones whose
+writer is gone.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+
+from rr_core.records.temps import clean_stale, temp_prefix
 
 # Bytes per os.write call; each call may also write less, which the loop absorbs.
 CHUNK_BYTES = 1 << 24
@@ -34,7 +38,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryv
     """Replace ``path`` by ``data`` atomically and durably; returns the path."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=temp_prefix(target.name), suffix=".tmp")
     try:
         if hasattr(os, "fchmod"):  # mkstemp creates 0600; a record is meant to be shared
             os.fchmod(fd, 0o644)
@@ -52,4 +56,6 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryv
             os.unlink(tmp)
         raise
     fsync_directory(directory)
+    with contextlib.suppress(OSError):  # tidying up is best effort; the write itself is done
+        clean_stale(directory, target.name)
     return target

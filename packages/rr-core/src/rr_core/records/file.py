@@ -18,21 +18,27 @@ import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from rr_core.codecs.encoding import DEFAULT_CODEC, EncodedRoutes, decode_routes, encode_routes
 from rr_core.errors import RecordFileError, RRError
 from rr_core.records.atomic import atomic_write
+from rr_core.records.check import (
+    FORMAT,
+    FORMAT_VERSION,
+    check_entries,
+    check_metadata,
+    check_sample_ids,
+    check_tensors,
+)
 from rr_core.routes.batch import RouteBatch, RouteMeta
 
-FORMAT = "rr-routes"
-FORMAT_VERSION = "1"
 SampleId = int | str
 PathLike = str | os.PathLike[str]
 _TENSORS = ("payload", "valid_bits", "offsets")
-_MAX_HEADER = 1 << 30
+MAX_HEADER_BYTES = 16 << 20  # real headers are about 600 bytes; sample ids of 10^5 sequences fit
 
 
 def producer_versions() -> dict[str, str]:
@@ -62,19 +68,12 @@ def _checksum(metadata: Mapping[str, str], tensors: Mapping[str, torch.Tensor]) 
     for name in _TENSORS:
         t = tensors[name].contiguous().cpu()
         h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return f"sha256:{h.hexdigest()}"
 
 
 def _sample_ids(sample_ids: Sequence[SampleId] | None, count: int) -> list[SampleId]:
-    ids: list[SampleId] = list(range(count)) if sample_ids is None else list(sample_ids)
-    if len(ids) != count:
-        raise RecordFileError(f"{len(ids)} sample ids for a batch of {count} sequences")
-    if any(isinstance(s, bool) or not isinstance(s, int | str) for s in ids):
-        raise RecordFileError("sample ids must be ints or strings")
-    if len(set(ids)) != count:
-        raise RecordFileError("sample ids repeat; each sequence needs its own id")
-    return ids
+    return check_sample_ids(range(count) if sample_ids is None else sample_ids, count)
 
 
 def save_routes(
@@ -92,6 +91,11 @@ def save_routes(
     """
     from safetensors.torch import save
 
+    extra = dict(producer or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+        raise RecordFileError(
+            f"producer must map strings to strings; got {extra!r} (write numbers with str())"
+        )
     enc = encode_routes(routes, codec) if isinstance(routes, RouteBatch) else routes
     m = enc.meta
     metadata = {
@@ -107,7 +111,7 @@ def save_routes(
         ),
         "num_rows": str(enc.num_rows),
         "sample_ids": json.dumps(_sample_ids(sample_ids, enc.offsets_B1.numel() - 1)),
-        "producer": json.dumps({**producer_versions(), **(producer or {})}, sort_keys=True),
+        "producer": json.dumps({**producer_versions(), **extra}, sort_keys=True),
     }
     tensors = {
         "payload": enc.payload.contiguous().cpu(),
@@ -115,107 +119,127 @@ def save_routes(
         "offsets": enc.offsets_B1.contiguous().cpu(),
     }
     metadata["checksum"] = _checksum(metadata, tensors)
-    return atomic_write(path, save(tensors, metadata=metadata))
-
-
-def _header_from_metadata(path: Path, md: Mapping[str, str]) -> RecordHeader:
-    try:
-        if md.get("rr.format") != FORMAT:
-            raise RecordFileError(f"{path}: not an rr route record (rr.format is missing)")
-        if md["rr.format_version"] != FORMAT_VERSION:
-            raise RecordFileError(
-                f"{path}: record format version {md['rr.format_version']}; this rr-core reads "
-                f"version {FORMAT_VERSION}: upgrade rr-core"
-            )
-        moe = json.loads(md["moe_layer_numbers"])
-        meta = RouteMeta(
-            num_experts=int(md["num_experts"]),
-            top_k=int(md["top_k"]),
-            layer_axis=md["layer_axis"],  # type: ignore[arg-type]  # checked by RouteMeta
-            layer_numbers=tuple(json.loads(md["layer_numbers"])),
-            moe_layer_numbers=None if moe is None else tuple(moe),
-        )
-        return RecordHeader(
-            path=path,
-            codec=md["codec"],
-            meta=meta,
-            num_rows=int(md["num_rows"]),
-            sample_ids=tuple(json.loads(md["sample_ids"])),
-            producer=dict(json.loads(md["producer"])),
-            checksum=md["checksum"],
-        )
-    except RecordFileError:
-        raise
-    except (KeyError, ValueError, TypeError, RRError) as exc:
+    target = Path(path)
+    # The reader's checks, run before writing: rr never writes a file it would refuse to read.
+    fields = check_metadata(target, metadata)
+    check_entries(target, _entries(tensors), fields)
+    check_tensors(target, fields, tensors)
+    directory = target.parent
+    if not directory.is_dir():
         raise RecordFileError(
-            f"{path}: corrupt record metadata ({type(exc).__name__}: {exc})"
-        ) from exc
+            f"{directory}: no such directory to write {target.name} into; create it first"
+        )
+    data = save(tensors, metadata=metadata)
+    try:
+        return atomic_write(target, data)
+    except OSError as exc:
+        raise RecordFileError(f"{target}: cannot write ({exc.strerror or exc})") from exc
 
 
-def _parse_header(path: Path, head: bytes, size: int) -> tuple[int, dict[str, Any]]:
+def _entries(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    names = {torch.uint8: "U8", torch.int64: "I64"}
+    return {
+        k: {"dtype": names.get(t.dtype, str(t.dtype)), "shape": list(t.shape)}
+        for k, t in tensors.items()
+    }
+
+
+def _header(path: Path, fields: Mapping[str, Any]) -> RecordHeader:
+    return RecordHeader(path=path, **fields)
+
+
+def _read_header_json(path: Path, f: BinaryIO, size: int) -> dict[str, Any]:
+    """The JSON of the safetensors header, read only after its length is checked."""
+    head = f.read(8)
     if len(head) < 8:
         raise RecordFileError(f"{path}: truncated ({size} bytes; a record starts with 8)")
-    n = int.from_bytes(head[:8], "little")
-    if n > _MAX_HEADER or 8 + n > size:
+    n = int.from_bytes(head, "little")
+    if n > MAX_HEADER_BYTES:
+        raise RecordFileError(
+            f"{path}: not an rr record file (or its first 8 bytes are corrupt): they declare a "
+            f"{n}-byte header, and a record's header is at most {MAX_HEADER_BYTES >> 20} MiB"
+        )
+    if 8 + n > size:
         raise RecordFileError(
             f"{path}: truncated or corrupt: its header claims {n} bytes, the file has {size}"
         )
+    text = f.read(n)
+    if not text.startswith(b"{"):
+        raise RecordFileError(f"{path}: not an rr record file (no safetensors header)")
     try:
-        header = json.loads(head[8 : 8 + n])
-        md = header.pop("__metadata__")
-    except (ValueError, KeyError, AttributeError) as exc:
+        header = json.loads(text)
+    except ValueError as exc:
         raise RecordFileError(f"{path}: corrupt header ({exc})") from exc
-    if not isinstance(md, dict):
-        raise RecordFileError(f"{path}: corrupt header (metadata is not an object)")
-    return n, md
+    if not isinstance(header, dict):
+        raise RecordFileError(f"{path}: not an rr record file (no safetensors header)")
+    md = header.get("__metadata__")
+    if not isinstance(md, dict) or "rr.format" not in md:
+        raise RecordFileError(
+            f"{path}: not an rr record file (a safetensors file without rr metadata)"
+        )
+    return header
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        return path.open("rb")
+    except OSError as exc:
+        raise RecordFileError(f"{path}: cannot read ({exc.strerror})") from exc
 
 
 def read_header(path: PathLike) -> RecordHeader:
     """The metadata of a record file, reading only its header (the checksum is not verified:
-    use :func:`read_record` or :func:`load_routes` for the routes themselves)."""
+    use :func:`read_record` or :func:`load_routes` for the routes themselves). The metadata and
+    the tensor shapes it implies are checked (see :mod:`rr_core.records.check`)."""
     p = Path(path)
-    try:
-        with p.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(8)
-            if len(head) == 8:
-                head += f.read(min(int.from_bytes(head, "little"), _MAX_HEADER))
-    except OSError as exc:
-        raise RecordFileError(f"{p}: cannot read ({exc.strerror})") from exc
-    _, md = _parse_header(p, head, size)
-    return _header_from_metadata(p, md)
+    with _open(p) as f:
+        try:
+            header = _read_header_json(p, f, os.fstat(f.fileno()).st_size)
+        except OSError as exc:
+            raise RecordFileError(f"{p}: cannot read ({exc.strerror})") from exc
+    fields = check_metadata(p, header["__metadata__"])
+    check_entries(p, header, fields)
+    return _header(p, fields)
 
 
 def read_record(path: PathLike) -> tuple[RecordHeader, EncodedRoutes]:
-    """Header and encoded routes of a record file, checksum verified; nothing is decoded."""
+    """Header and encoded routes of a record file, checksum and every invariant between metadata
+    and tensors verified; nothing is decoded."""
     from safetensors.torch import load
 
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise RecordFileError(f"{p}: cannot read ({exc.strerror})") from exc
-    _, md = _parse_header(p, data, len(data))
+    with _open(p) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            header = _read_header_json(p, f, size)
+            f.seek(0)
+            data = f.read()
+        except OSError as exc:
+            raise RecordFileError(f"{p}: cannot read ({exc.strerror})") from exc
+    md = header["__metadata__"]
     try:
         tensors = load(data)
     except Exception as exc:  # safetensors raises its own error types for every malformed layout
         raise RecordFileError(f"{p}: truncated or corrupt ({exc})") from exc
-    if set(tensors) != set(_TENSORS):
+    if sorted(tensors) != sorted(_TENSORS):
         raise RecordFileError(f"{p}: holds tensors {sorted(tensors)}, expected {list(_TENSORS)}")
     if _checksum(md, tensors) != md.get("checksum"):
         raise RecordFileError(
             f"{p}: checksum mismatch: the file is corrupt (recorded {md.get('checksum')!r})"
         )
-    header = _header_from_metadata(p, md)
+    # A matching checksum proves only that these are the bytes written: check what they say.
+    fields = check_metadata(p, md)
+    check_entries(p, header, fields)
+    check_tensors(p, fields, tensors)
     enc = EncodedRoutes(
-        codec=header.codec,  # type: ignore[arg-type]  # checked when decoded
-        meta=header.meta,
-        num_rows=header.num_rows,
+        codec=fields["codec"],
+        meta=fields["meta"],
+        num_rows=fields["num_rows"],
         offsets_B1=tensors["offsets"],
         valid_bits=tensors["valid_bits"],
         payload=tensors["payload"],
     )
-    return header, enc
+    return _header(p, fields), enc
 
 
 def load_routes(path: PathLike, *, device: torch.device | str | None = None) -> RouteBatch:

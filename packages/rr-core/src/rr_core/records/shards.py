@@ -18,11 +18,18 @@ from typing import Any
 
 import torch
 
-from rr_core.codecs.encoding import DEFAULT_CODEC, decode_routes
+from rr_core.codecs.encoding import DEFAULT_CODEC, EncodedRoutes, decode_routes
 from rr_core.errors import RecordFileError, RRError
 from rr_core.records.atomic import atomic_write
-from rr_core.records.file import PathLike, SampleId, read_header, read_record, save_routes
-from rr_core.routes.batch import RouteBatch, cat_rows
+from rr_core.records.file import (
+    PathLike,
+    RecordHeader,
+    SampleId,
+    read_header,
+    read_record,
+    save_routes,
+)
+from rr_core.routes.batch import RouteBatch, cat_rows, narrowest_dtype
 
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "rr-routes-index"
@@ -44,7 +51,12 @@ def write_shard(
     producer: Mapping[str, str] | None = None,
 ) -> Path:
     """Write this rank's routes atomically; ``sample_ids`` must be unique across all ranks."""
-    Path(directory).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RecordFileError(
+            f"{directory}: cannot create the shard directory ({exc.strerror or exc})"
+        ) from exc
     extra = {"rank": str(rank), **(producer or {})}
     return save_routes(
         shard_path(directory, rank), routes, codec=codec, sample_ids=sample_ids, producer=extra
@@ -55,6 +67,8 @@ def write_index(directory: PathLike, *, world_size: int | None = None) -> Path:
     """Index every shard in ``directory`` (reading headers only) and write ``index.json``
     atomically. With ``world_size``, a missing rank raises instead of being left out."""
     d = Path(directory)
+    if not d.is_dir():
+        raise RecordFileError(f"{d}: no such directory of shards")
     found = {int(m.group(1)): p for p in d.iterdir() if (m := _SHARD.match(p.name))}
     if world_size is not None:
         missing = sorted(set(range(world_size)) - set(found))
@@ -92,16 +106,16 @@ class RouteIndex:
         self.path = Path(path)
         try:
             raw = json.loads(self.path.read_bytes())
-            if raw.get("format") != INDEX_FORMAT:
-                raise RecordFileError(f"{self.path}: not an rr route index")
-            self.shards: list[dict[str, Any]] = list(raw["shards"])
-            self.owner: dict[SampleId, int] = {
-                s: i for i, shard in enumerate(self.shards) for s in shard["sample_ids"]
-            }
         except OSError as exc:
             raise RecordFileError(f"{self.path}: cannot read ({exc.strerror})") from exc
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except ValueError as exc:
             raise RecordFileError(f"{self.path}: corrupt index ({exc})") from exc
+        if not isinstance(raw, dict) or raw.get("format") != INDEX_FORMAT:
+            raise RecordFileError(f"{self.path}: not an rr route index")
+        self.shards: list[dict[str, Any]] = _check_shards(self.path, raw.get("shards"))
+        self.owner: dict[SampleId, int] = {
+            s: i for i, shard in enumerate(self.shards) for s in shard["sample_ids"]
+        }
 
     @property
     def sample_ids(self) -> list[SampleId]:
@@ -113,30 +127,104 @@ class RouteIndex:
     def load(
         self, sample_ids: Sequence[SampleId], *, device: torch.device | str | None = None
     ) -> RouteBatch:
-        """The routes of ``sample_ids``, in that order, reading only the shards that hold them."""
-        missing = [s for s in sample_ids if s not in self.owner]
+        """The routes of ``sample_ids``, in that order, reading only the shards that hold them.
+        No ids give an empty batch (zero sequences) with the run's meta."""
+        wanted = _requested(sample_ids)
+        missing = [s for s in wanted if s not in self.owner]
         if missing:
             raise RecordFileError(f"{self.path}: sample ids {missing[:10]} are in no shard")
-        needed = sorted({self.owner[s] for s in sample_ids})
+        if not wanted:
+            return self._empty(device)
+        needed = sorted({self.owner[s] for s in wanted})
         parts: list[RouteBatch] = []
         position: dict[SampleId, int] = {}
         for i in needed:
-            shard = self.shards[i]
-            path = self.path.parent / shard["file"]
-            header, enc = read_record(path)
-            if header.checksum != shard["checksum"]:
-                raise RecordFileError(
-                    f"{path}: changed after {self.path} was written (checksum differs); "
-                    "rewrite the index"
-                )
+            header, enc = self._read(i)
             try:
                 batch = decode_routes(enc, device=device)
             except RRError as exc:
-                raise RecordFileError(f"{path}: {exc}") from exc
+                raise RecordFileError(f"{header.path}: {exc}") from exc
             base = sum(p.num_sequences for p in parts)
             position.update({s: base + j for j, s in enumerate(header.sample_ids)})
             parts.append(batch)
-        return take_sequences(concat_batches(parts), [position[s] for s in sample_ids])
+        return take_sequences(concat_batches(parts), [position[s] for s in wanted])
+
+    def _read(self, i: int) -> tuple[RecordHeader, EncodedRoutes]:
+        """Shard ``i``, checked against what the index says it holds."""
+        shard = self.shards[i]
+        path = self.path.parent / shard["file"]
+        header, enc = read_record(path)
+        if header.checksum != shard["checksum"]:
+            raise RecordFileError(
+                f"{path}: changed after {self.path} was written (checksum differs); "
+                "rewrite the index"
+            )
+        if header.sample_ids != tuple(shard["sample_ids"]):
+            raise RecordFileError(
+                f"{self.path}: lists sample ids {list(shard['sample_ids'])[:10]} for {path.name}, "
+                f"which holds {list(header.sample_ids)[:10]}; rewrite the index"
+            )
+        return header, enc
+
+    def _empty(self, device: torch.device | str | None) -> RouteBatch:
+        if not self.shards:
+            raise RecordFileError(f"{self.path}: indexes no shard, so it has no meta to return")
+        path = self.path.parent / self.shards[0]["file"]
+        header = read_header(path)
+        if header.checksum != self.shards[0]["checksum"]:
+            raise RecordFileError(
+                f"{path}: changed after {self.path} was written (checksum differs); "
+                "rewrite the index"
+            )
+        meta = header.meta
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        values = torch.zeros(
+            (0, len(meta.layer_numbers), meta.top_k),
+            dtype=narrowest_dtype(meta.num_experts),
+            device=dev,
+        )
+        offsets = torch.zeros(1, dtype=torch.int64, device=dev)
+        return RouteBatch(values, offsets, torch.zeros(0, dtype=torch.bool, device=dev), meta)
+
+
+def _requested(sample_ids: Sequence[SampleId]) -> list[SampleId]:
+    if isinstance(sample_ids, str | bytes) or not isinstance(sample_ids, Sequence):
+        raise RecordFileError(
+            f"sample_ids must be a list of ids; got {type(sample_ids).__name__} "
+            f"{sample_ids!r:.60} (wrap a single id in a list)"
+        )
+    wanted = list(sample_ids)
+    bad = [s for s in wanted if isinstance(s, bool) or not isinstance(s, int | str)]
+    if bad:
+        raise RecordFileError(f"sample ids are ints or strings; got {bad[:5]!r}")
+    return wanted
+
+
+def _check_shards(path: Path, shards: Any) -> list[dict[str, Any]]:
+    """The index's shard entries, each a plain shard file name with its rank, checksum and
+    unique sample ids; anything else is refused rather than read as another shard's routes."""
+    if not isinstance(shards, list):
+        raise RecordFileError(f"{path}: corrupt index (shards is {type(shards).__name__})")
+    seen: dict[SampleId, str] = {}
+    for shard in shards:
+        name = shard.get("file") if isinstance(shard, dict) else None
+        if not isinstance(name, str) or not _SHARD.match(name):
+            raise RecordFileError(
+                f"{path}: corrupt index: shard entry {shard!r:.80} names no shard file "
+                "(routes-rankNNNNN.safetensors)"
+            )
+        ids = shard.get("sample_ids")
+        if (
+            not isinstance(shard.get("checksum"), str)
+            or not isinstance(ids, list)
+            or any(isinstance(s, bool) or not isinstance(s, int | str) for s in ids)
+        ):
+            raise RecordFileError(f"{path}: corrupt index: entry of {name} ({shard!r:.80})")
+        for s in ids:
+            if s in seen:
+                raise RecordFileError(f"{path}: sample id {s!r} is in both {seen[s]} and {name}")
+            seen[s] = name
+    return shards
 
 
 def load_samples(
@@ -145,7 +233,8 @@ def load_samples(
     *,
     device: torch.device | str | None = None,
 ) -> RouteBatch:
-    """Routes of ``sample_ids`` from a sharded record (see :class:`RouteIndex`)."""
+    """Routes of ``sample_ids`` from a sharded record (see :class:`RouteIndex`); an empty list
+    gives an empty batch (zero sequences) with the run's meta."""
     return RouteIndex(index_path).load(sample_ids, device=device)
 
 
