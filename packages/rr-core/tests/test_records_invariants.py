@@ -240,3 +240,16 @@ def test_payload_bits_past_the_last_field_are_refused(tmp_path: Path, codec: str
     bad = rewrite(path, tmp_path / "pad.rr", tensors={"payload": payload})
     with pytest.raises(RecordFileError, match=r"pad\.rr: tensor payload has bits set past"):
         load_routes(bad)
+
+
+def test_an_allocation_that_fails_while_decoding_is_a_record_error(
+    record: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rr_core.records.file as record_file
+
+    def out_of_memory(*_: object, **__: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(record_file, "decode_routes", out_of_memory)
+    with pytest.raises(RecordFileError, match=r"good\.rr: cannot decode 11 rows x 3 layer slots"):
+        load_routes(record, device="cpu")

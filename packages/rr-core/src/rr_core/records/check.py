@@ -150,7 +150,7 @@ def check_entries(path: Path, header: Mapping[str, Any], fields: Mapping[str, An
                 f"{path}: tensor {name} has dtype {found!r}, expected {dtype} "
                 f"({'uint8' if dtype == 'U8' else 'int64'})"
             )
-        if not isinstance(shape, list) or len(shape) != 1 or not isinstance(shape[0], int):
+        if not isinstance(shape, list) or len(shape) != 1 or type(shape[0]) is not int:
             raise RecordFileError(f"{path}: tensor {name} has shape {shape!r}, expected 1-D")
     meta, rows, B = fields["meta"], fields["num_rows"], len(fields["sample_ids"])
     _expect(path, "offsets", "elements", header["offsets"]["shape"][0], B + 1, "len(sample_ids)+1")

@@ -247,7 +247,21 @@ def load_routes(path: PathLike, *, device: torch.device | str | None = None) -> 
     raise :class:`RecordFileError` naming the file."""
     p = Path(path)
     _, enc = read_record(p)
+    return decode_record(p, enc, device)
+
+
+def decode_record(
+    path: Path, enc: EncodedRoutes, device: torch.device | str | None = None
+) -> RouteBatch:
+    """:func:`decode_routes` of a record read from ``path``, every failure a RecordFileError."""
     try:
         return decode_routes(enc, device=device)
     except RRError as exc:
-        raise RecordFileError(f"{p}: {exc}") from exc
+        raise RecordFileError(f"{path}: {exc}") from exc
+    except (RuntimeError, MemoryError) as exc:  # an allocation the machine cannot make
+        m = enc.meta
+        raise RecordFileError(
+            f"{path}: cannot decode {enc.num_rows} rows x {len(m.layer_numbers)} layer slots x "
+            f"top-{m.top_k} on {device or 'cpu'} ({type(exc).__name__}: {str(exc)[:200]}); "
+            "read it on a machine with more memory, or split the batch when writing"
+        ) from exc

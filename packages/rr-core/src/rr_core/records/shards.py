@@ -18,13 +18,14 @@ from typing import Any
 
 import torch
 
-from rr_core.codecs.encoding import DEFAULT_CODEC, EncodedRoutes, decode_routes
-from rr_core.errors import RecordFileError, RRError
+from rr_core.codecs.encoding import DEFAULT_CODEC, EncodedRoutes
+from rr_core.errors import RecordFileError
 from rr_core.records.atomic import atomic_write
 from rr_core.records.file import (
     PathLike,
     RecordHeader,
     SampleId,
+    decode_record,
     read_header,
     read_record,
     save_routes,
@@ -140,10 +141,7 @@ class RouteIndex:
         position: dict[SampleId, int] = {}
         for i in needed:
             header, enc = self._read(i)
-            try:
-                batch = decode_routes(enc, device=device)
-            except RRError as exc:
-                raise RecordFileError(f"{header.path}: {exc}") from exc
+            batch = decode_record(header.path, enc, device)
             base = sum(p.num_sequences for p in parts)
             position.update({s: base + j for j, s in enumerate(header.sample_ids)})
             parts.append(batch)
