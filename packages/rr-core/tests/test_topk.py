@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rr_core import native_topk, replay_topk
+from rr_core import ReplayError, native_topk, replay_topk
 from rr_core.replay.topk import same_sets_T
 
 
@@ -68,3 +72,35 @@ def test_same_sets_ignores_order() -> None:
     a = torch.tensor([[1, 2, 3], [1, 2, 3]])
     b = torch.tensor([[3, 1, 2], [1, 2, 4]], dtype=torch.uint8)
     assert same_sets_T(a, b).tolist() == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("scores", "k", "message"),
+    [
+        (None, 2, r"scores_TE must be a \[\.\.\., E\] tensor; got NoneType"),
+        ([[0.1, 0.9]], 1, "got list"),
+        (torch.tensor(0.5), 1, r"got torch.Size\(\[\]\)"),
+        (torch.rand(3, 4), 5, r"k must be in \[1, E=4\]; got 5"),
+        (torch.rand(3, 4), 0, r"k must be in \[1, E=4\]"),
+        (torch.rand(3, 4), 2.0, "k must be an int"),
+        (torch.rand(3, 4), True, "k must be an int"),
+    ],
+)
+def test_native_topk_refuses_bad_calls(scores: Any, k: Any, message: str) -> None:
+    with pytest.raises(ReplayError, match=message):
+        native_topk(scores, k)
+
+
+def test_native_topk_takes_any_leading_shape() -> None:
+    scores = torch.rand(2, 3, 5)
+    assert native_topk(scores, 2).ids_TK.shape == (2, 3, 2)
+
+
+@pytest.mark.parametrize(
+    "ids", [torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.bool), [[0, 1]] * 3, np.zeros((3, 2))]
+)
+def test_replay_topk_refuses_targets_that_are_not_integer_tensors(ids: Any) -> None:
+    with pytest.raises(ReplayError, match=r"target_ids_TK must be an integer tensor \[T, 2\]"):
+        replay_topk(torch.rand(3, 4), 2, target_ids_TK=ids)
+    with pytest.raises(ReplayError, match=r"scores_TE must be a \[T, E\] tensor"):
+        replay_topk(torch.rand(2, 3, 4), 2, target_ids_TK=torch.zeros(3, 2, dtype=torch.long))

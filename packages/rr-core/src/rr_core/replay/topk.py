@@ -9,6 +9,9 @@ from typing import NamedTuple
 
 import torch
 
+from rr_core.errors import ReplayError
+from rr_core.routes.args import as_index
+
 
 class TopK(NamedTuple):
     """What a router's top-k step yields: the values it keeps and the expert ids they belong to."""
@@ -20,6 +23,7 @@ class TopK(NamedTuple):
 def native_topk(scores_TE: torch.Tensor, k: int, *, values_TE: torch.Tensor | None = None) -> TopK:
     """Plain top-k over ``scores_TE``; values come from ``values_TE`` when given (a router that
     selects on biased scores but weights with unbiased ones)."""
+    _check_scores(scores_TE, k)
     selected, ids_TK = torch.topk(scores_TE, k, dim=-1)
     if values_TE is None:
         return TopK(selected, ids_TK)
@@ -55,6 +59,10 @@ def replay_topk(
     """
     if target_ids_TK is None:
         return native_topk(scores_TE, k, values_TE=values_TE)
+    _check_scores(scores_TE, k, rows=True)
+    if not isinstance(target_ids_TK, torch.Tensor) or target_ids_TK.dtype in _NOT_IDS:
+        got = getattr(target_ids_TK, "dtype", type(target_ids_TK).__name__)
+        raise ReplayError(f"target_ids_TK must be an integer tensor [T, {k}]; got {got}")
     source_TE = scores_TE if values_TE is None else values_TE
     ids_TK = target_ids_TK.to(device=scores_TE.device, dtype=torch.int64, non_blocking=True)
     if replay_mask_T is not None and native_ids_TK is None and native_rows_N is not None:
@@ -70,6 +78,26 @@ def replay_topk(
         mask_T1 = replay_mask_T.to(device=scores_TE.device, non_blocking=True).unsqueeze(-1)
         ids_TK = torch.where(mask_T1, ids_TK, native_ids_TK)
     return TopK(source_TE.gather(-1, ids_TK), ids_TK)
+
+
+_NOT_IDS = frozenset({torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def _check_scores(scores_TE: torch.Tensor, k: int, *, rows: bool = False) -> None:
+    """O(1) checks so that a wrong call fails with its values, not inside torch.topk. Native
+    top-k takes any leading shape (``[..., E]``); replay needs rows (``[T, E]``)."""
+    if (
+        not isinstance(scores_TE, torch.Tensor)
+        or scores_TE.dim() < 1
+        or (rows and scores_TE.dim() != 2)
+    ):
+        got = getattr(scores_TE, "shape", type(scores_TE).__name__)
+        raise ReplayError(
+            f"scores_TE must be a {'[T, E]' if rows else '[..., E]'} tensor; got {got}"
+        )
+    e = scores_TE.shape[-1]
+    if not 1 <= as_index(k, "k", ReplayError) <= e:
+        raise ReplayError(f"k must be in [1, E={e}]; got {k!r}")
 
 
 def same_sets_T(ids_a_TK: torch.Tensor, ids_b_TK: torch.Tensor) -> torch.Tensor:
