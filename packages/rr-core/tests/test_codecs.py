@@ -204,6 +204,9 @@ def test_out_of_range_and_repeated_ids_raise() -> None:
         encode_routes(twice, "set")
     with pytest.raises(CodecError, match="unknown codec"):
         encode_routes(twice, "zip")
+    for name in (np.array(["raw", "set"]), ["raw"], None, b"raw"):  # look-alikes of a name
+        with pytest.raises(CodecError, match="unknown codec"):
+            encode_routes(twice, name)  # type: ignore[arg-type]
 
 
 def test_corrupt_payloads_raise() -> None:

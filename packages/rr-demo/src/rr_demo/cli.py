@@ -11,13 +11,14 @@ import contextlib
 import io
 import json
 import logging
-import os
 import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from rr_core.cli.plots import plot_problem as check_plot_path
 
 
 def render(result: Any) -> str:
@@ -100,19 +101,7 @@ def plot(result: Any, path: str) -> None:
 
 def plot_problem(path: str) -> str | None:
     """Why ``--plot path`` cannot be written, checked before the demo's minutes of work."""
-    import importlib.util
-
-    out = Path(path)
-    if importlib.util.find_spec("matplotlib") is None:
-        return "--plot needs matplotlib: pip install 'rr-demo[plot]'"
-    directory = out.parent if str(out.parent) else Path(".")
-    if not directory.is_dir():
-        return f"--plot {out}: no such directory {directory}; create it first"
-    if out.is_dir():
-        return f"--plot {out}: is a directory; name a .png file"
-    if not os.access(directory, os.W_OK):
-        return f"--plot {out}: directory {directory} is not writable"
-    return None
+    return check_plot_path(path, install="rr-demo[plot]")
 
 
 class _Captured(logging.Handler):

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rr_core.cli.plots import plot_problem
+
 if TYPE_CHECKING:
     import torch
 
@@ -78,7 +80,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     plot = Path(args.plot) if args.plot else None
     if plot is not None:
-        problem = _plot_problem(plot)
+        problem = plot_problem(plot, install="rr-core[plot]")
         if problem:
             print(f"rr inspect: {problem}", file=sys.stderr)
             return 2
@@ -151,24 +153,6 @@ def _print_text(info: dict[str, Any]) -> None:
         moe, info["expert_load"], info["max_over_mean_load"], strict=True
     ):
         print(f"  {layer:>5} {ratio:5.2f} |{load_bars(load_E)}|")
-
-
-def _plot_problem(out: Path) -> str | None:
-    """Why ``out`` cannot be drawn to, checked before any work: matplotlib, the directory."""
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
-        return "--plot needs matplotlib: pip install 'rr-core[plot]'"
-    directory = out.parent if str(out.parent) else Path(".")
-    if not directory.is_dir():
-        return f"--plot {out}: no such directory {directory}; create it first"
-    if out.is_dir():
-        return f"--plot {out}: is a directory; name a .png file"
-    import os
-
-    if not os.access(directory, os.W_OK):
-        return f"--plot {out}: directory {directory} is not writable"
-    return None
 
 
 def _plot(info: dict[str, Any], out: Path) -> None:

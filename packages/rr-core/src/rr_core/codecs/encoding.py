@@ -47,7 +47,7 @@ DEFAULT_CODEC: CodecName = "packed"
 
 def check_codec(name: str) -> CodecName:
     """``name`` as a codec name, or :class:`CodecError` listing the codecs."""
-    if name not in CODECS:
+    if not isinstance(name, str) or name not in CODECS:
         raise CodecError(f"unknown codec {name!r}; choose one of {', '.join(CODECS)}")
     return name  # type narrowed by the membership test
 
