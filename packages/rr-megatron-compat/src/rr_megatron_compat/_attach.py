@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from rr_core import ReplayController, ReplayError, walk_routers
+from rr_megatron_compat._checks import check_controller, check_flag, check_model
 from rr_megatron_compat._guards import ReplayConfigError, check_replay_config
 from rr_megatron_compat._install import is_installed
 from rr_megatron_compat._stats import ignore_unreplayed_rows
@@ -28,6 +29,10 @@ def attach(
     walking the forwarded model, never through Megatron's global RouterReplay list (A1), and
     MTP routers are never attached (A4). ``ignore_unreplayed_in_stats`` (C4) keeps rows outside
     the replay mask out of the expert-bias token counts. Returns the layer numbers attached."""
+    check_controller(controller, "rr_megatron_compat.attach")
+    check_model(model, "rr_megatron_compat.attach")
+    check_flag(ignore_unreplayed_in_stats, "ignore_unreplayed_in_stats", ReplayError)
+    check_replay_config(None, capacity=capacity)
     if not is_installed():
         raise ReplayError(
             "rr's Megatron hooks are not installed; call rr_megatron_compat.install() first"

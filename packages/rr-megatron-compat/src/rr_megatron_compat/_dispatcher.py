@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 
+from rr_core import ReplayError
+from rr_megatron_compat._checks import check_tensor
+
 _STATE = threading.local()
 
 
@@ -46,4 +49,7 @@ def alltoall_preprocess_wrapper(
 
 def count_routed_tokens(routing_map_TE: torch.Tensor) -> torch.Tensor:
     """How many (token, expert) pairs a routing map dispatches (a device tensor, no sync)."""
+    check_tensor(
+        routing_map_TE, "routing_map_TE (the [T, E] bool routing map)", ReplayError, ndim=2
+    )
     return routing_map_TE.sum()

@@ -28,8 +28,12 @@ class ReplayNotEquivalentWarning(RRWarning):
 
 def check_replay_config(config: Any, *, capacity: str = "warn") -> None:
     """Raise or warn for settings replay cannot honour (see module doc)."""
-    if capacity not in CAPACITY_POLICIES:
-        raise ValueError(f"capacity must be one of {CAPACITY_POLICIES}; got {capacity!r}")
+    if not isinstance(capacity, str) or capacity not in CAPACITY_POLICIES:
+        raise ReplayConfigError(
+            f"capacity must be one of {CAPACITY_POLICIES} ('warn' warns when a capacity factor "
+            f"makes replay not equivalent, 'raise' refuses it, 'allow' skips the check); got "
+            f"{capacity!r} ({type(capacity).__name__})"
+        )
     if getattr(config, "moe_router_fusion", False):
         raise ReplayConfigError(
             "moe_router_fusion=True: the fused router returns before any top-k hook, so replay "

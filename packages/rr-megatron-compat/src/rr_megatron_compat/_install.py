@@ -20,7 +20,8 @@ from typing import Any
 
 import wrapt
 
-from rr_core import RRWarning
+from rr_core import ReplayError, RRWarning
+from rr_megatron_compat._checks import check_flag
 from rr_megatron_compat._versions import (
     HookSpec,
     MegatronLine,
@@ -106,6 +107,7 @@ def install(*, force: bool = False) -> tuple[str, ...]:
     Import this after any library that patches Megatron's router at import (MindSpeed), or
     call it again after such a library re-patched.
     """
+    check_flag(force, "install(force=...)", ReplayError)
     line = megatron_line()
     check_supported(line, force=force)
     from rr_megatron_compat._hooks import WRAPPERS

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rr_core import LayoutConfig, LayoutError
+from rr_megatron_compat._checks import as_index
 
 _FREQ_TERM = re.compile(r"^\[([01](?:\s*,\s*[01])*)\]\s*\*\s*(\d+)$|^\[([01](?:\s*,\s*[01])*)\]$")
 
@@ -36,6 +37,7 @@ def parse_moe_layer_freq(freq: object, num_layers: int) -> int | tuple[int, ...]
     the string form of its training arguments (``"4"``, ``"[1,0]*4"``, ``"[0]*3+[1]*5"``),
     parsed without ``eval``.
     """
+    num_layers = as_index(num_layers, "num_layers", LayoutError)
     if isinstance(freq, str):
         return _parse_freq_string(freq, num_layers)
     if isinstance(freq, bool):
@@ -80,10 +82,26 @@ def layout_config(
     parallel state is initialised may still carry the defaults); ``vp_size`` 1 means no virtual
     pipeline. Raises :class:`~rr_core.LayoutError` for a split Megatron would refuse.
     """
-    num_layers = int(config.num_layers)
-    pp = int(pp_size if pp_size is not None else config.pipeline_model_parallel_size or 1)
-    vp_raw = vp_size if vp_size is not None else config.virtual_pipeline_model_parallel_size
-    vp = None if vp_raw in (None, 1) else int(vp_raw)
+    if not hasattr(config, "num_layers"):
+        raise LayoutError(
+            "layout_config takes a Megatron TransformerConfig (or an object with its num_layers "
+            f"and pipeline fields); got {type(config).__name__} without num_layers"
+        )
+    num_layers = as_index(config.num_layers, "config.num_layers", LayoutError)
+    pp_raw = pp_size if pp_size is not None else getattr(config, "pipeline_model_parallel_size", 1)
+    pp = as_index(
+        pp_raw or 1,
+        "pp_size" if pp_size is not None else "config.pipeline_model_parallel_size",
+        LayoutError,
+    )
+    vp_raw = (
+        vp_size
+        if vp_size is not None
+        else getattr(config, "virtual_pipeline_model_parallel_size", None)
+    )
+    vp_what = "vp_size" if vp_size is not None else "config.virtual_pipeline_model_parallel_size"
+    vp_int = None if vp_raw is None else as_index(vp_raw, vp_what, LayoutError)
+    vp = None if vp_int in (None, 1) else vp_int
     freq = parse_moe_layer_freq(getattr(config, "moe_layer_freq", 1), num_layers)
     # A probe of the object, not of the release: 0.12 configs lack the field (0.13+ have it), and
     # so may the duck-typed configs verl's layout functions accept on any line.

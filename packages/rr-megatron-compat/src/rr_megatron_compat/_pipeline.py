@@ -27,6 +27,7 @@ from rr_core import (
     num_moe_layers,
     stage_moe_layer_numbers,
 )
+from rr_megatron_compat._checks import check_tensor
 from rr_megatron_compat._wire import (
     all_gather_exact,
     as_wire_bytes,
@@ -44,12 +45,26 @@ _DTYPE_CODES: tuple[torch.dtype, ...] = (
 )
 
 
+def _check_cfg(cfg: object, where: str) -> LayoutConfig:
+    if not isinstance(cfg, LayoutConfig):
+        raise LayoutError(
+            f"{where} takes an rr_core.LayoutConfig (rr_megatron_compat.layout_config(tc) from a "
+            f"Megatron config); got {type(cfg).__name__}"
+        )
+    return cfg
+
+
+def _check_block(value: object, what: str, ndim: int) -> torch.Tensor:
+    return check_tensor(value, what, LayoutError, ndim=ndim, integer=True)
+
+
 def _vp_stages(cfg: LayoutConfig) -> list[int | None]:
     return list(range(cfg.vp_size)) if cfg.vp_size is not None else [None]
 
 
 def rank_moe_layer_numbers(cfg: LayoutConfig, pp_rank: int) -> tuple[int, ...]:
     """Global numbers of the MoE layers a pipeline rank holds, chunk by chunk (vp_stage order)."""
+    _check_cfg(cfg, "rank_moe_layer_numbers")
     return tuple(n for vp in _vp_stages(cfg) for n in stage_moe_layer_numbers(cfg, pp_rank, vp))
 
 
@@ -61,6 +76,13 @@ def stack_rank_routes(
     The keys must be exactly the rank's MoE layers (whatever order they were recorded in, e.g.
     the interleaved schedule's); ``None`` for a rank without MoE layers.
     """
+    if not isinstance(records, Mapping):
+        raise LayoutError(
+            f"stack_rank_routes takes records as {{layer_number: [T, K] ids}}; got "
+            f"{type(records).__name__}"
+        )
+    for n, t in records.items():
+        _check_block(t, f"the record of layer {n!r} ([T, K] route ids)", 2)
     expected = rank_moe_layer_numbers(cfg, pp_rank)
     if sorted(records) != sorted(expected):
         raise LayoutError(
@@ -78,6 +100,16 @@ def merge_stage_routes(
 ) -> torch.Tensor:
     """``[T, M, K]`` on the global ``moe_layers`` axis from one ``[T, m, K]`` block per virtual
     stage, keyed ``(pp_rank, vp_stage)``; each block lands at its stage's MoE ordinals (A3)."""
+    _check_cfg(cfg, "merge_stage_routes")
+    if not isinstance(blocks, Mapping):
+        raise LayoutError(
+            "merge_stage_routes takes blocks as {(pp_rank, vp_stage): [T, m, K] ids}; got "
+            f"{type(blocks).__name__}"
+        )
+    for key, t in blocks.items():
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise LayoutError(f"merge_stage_routes: key {key!r} is not (pp_rank, vp_stage)")
+        _check_block(t, f"the block of stage {key} ([T, m, K] route ids)", 3)
     placed: list[tuple[int, torch.Tensor]] = []
     for (pp_rank, vp), block in blocks.items():
         ordinals = moe_ordinals_of_stage(cfg, pp_rank, vp)
@@ -99,12 +131,18 @@ def split_rank_routes(
     routes_TmK: torch.Tensor | None, cfg: LayoutConfig, pp_rank: int
 ) -> dict[tuple[int, int | None], torch.Tensor]:
     """Inverse of the rank stacking: a rank's ``[T, m, K]`` block per virtual stage."""
+    _check_cfg(cfg, "split_rank_routes")
+    if routes_TmK is not None:
+        _check_block(routes_TmK, "routes_TmK ([T, m, K] route ids)", 3)
     out: dict[tuple[int, int | None], torch.Tensor] = {}
     start = 0
     for vp in _vp_stages(cfg):
         n = len(moe_ordinals_of_stage(cfg, pp_rank, vp))
         if n:
-            assert routes_TmK is not None
+            if routes_TmK is None:
+                raise LayoutError(
+                    f"pipeline rank {pp_rank} holds MoE layers but routes_TmK is None"
+                )
             out[(pp_rank, vp)] = routes_TmK.narrow(-2, start, n)
             start += n
     return out
@@ -123,6 +161,13 @@ def pp_gather(
     layers, which still must call this: A6). ``group`` defaults to Megatron's pipeline group,
     whose rank order is the pipeline rank. The result keeps the payload's dtype unless ``dtype``.
     """
+    _check_cfg(cfg, "pp_gather")
+    if routes_TmK is not None:
+        _check_block(routes_TmK, "routes_TmK ([T, m, K] route ids)", 3)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or dtype.is_floating_point):
+        raise LayoutError(
+            f"pp_gather(dtype=...) must be None or an integer torch.dtype; got {dtype!r}"
+        )
     group = megatron_group("pipeline_model_parallel") if group is None else group
     pp_rank, pp_size = group_rank_size(group)
     if pp_size != cfg.pp_size:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,15 +25,35 @@ from typing import Any, Literal
 import torch
 
 from rr_core import AlignmentError, pad_rows
+from rr_megatron_compat._checks import as_index, check_choice, check_tensor
 from rr_megatron_compat._wire import all_gather_exact, group_rank_size, megatron_group
 
 CPLayout = Literal["zigzag", "contiguous"]
 CP_LAYOUTS: tuple[CPLayout, ...] = ("zigzag", "contiguous")
 
 
-def _check_rank(rank: int, size: int, what: str) -> None:
-    if size < 1 or not 0 <= rank < size:
-        raise AlignmentError(f"{what} rank {rank} is outside 0..{size - 1} (size {size})")
+def _check_rank(rank: object, size: object, what: str) -> tuple[int, int]:
+    """(rank, size) as ints (numpy / torch integer scalars qualify), rank in ``0..size - 1``."""
+    r = as_index(rank, f"the {what} rank", AlignmentError)
+    n = as_index(size, f"the {what} size", AlignmentError)
+    if n < 1 or not 0 <= r < n:
+        raise AlignmentError(f"{what} rank {r} is outside 0..{n - 1} (size {n})")
+    return r, n
+
+
+def _check_layout(layout: object) -> CPLayout:
+    return check_choice(layout, "the CP layout", CP_LAYOUTS, AlignmentError)  # type: ignore[return-value]
+
+
+def _check_dim(t: torch.Tensor, dim: object) -> int:
+    d = as_index(dim, "dim", AlignmentError)
+    if not -t.dim() <= d < t.dim():
+        raise AlignmentError(f"dim={d} is outside a tensor of shape {tuple(t.shape)}")
+    return d
+
+
+def _routes(value: object, what: str, ndim: int) -> torch.Tensor:
+    return check_tensor(value, what, AlignmentError, ndim=ndim, integer=True)
 
 
 # -- router rows ----------------------------------------------------------------------------------
@@ -42,15 +61,15 @@ def _check_rank(rank: int, size: int, what: str) -> None:
 
 def batch_to_router_rows(routes_BSLK: torch.Tensor) -> torch.Tensor:
     """``[B, S, L, K]`` routes in the router's row order ``[S * B, L, K]`` (sequence-major)."""
-    if routes_BSLK.dim() != 4:
-        raise AlignmentError(f"expected [B, S, L, K] routes; got shape {tuple(routes_BSLK.shape)}")
+    _routes(routes_BSLK, "routes_BSLK ([B, S, L, K] route ids)", 4)
     B, S, L, K = routes_BSLK.shape
     return routes_BSLK.transpose(0, 1).reshape(S * B, L, K)
 
 
 def router_rows_to_batch(rows_TLK: torch.Tensor, batch_size: int) -> torch.Tensor:
     """Inverse of :func:`batch_to_router_rows`: ``[S * B, L, K]`` back to ``[B, S, L, K]``."""
-    T, L, K = rows_TLK.shape
+    T, L, K = _routes(rows_TLK, "rows_TLK ([S * B, L, K] route ids)", 3).shape
+    batch_size = as_index(batch_size, "batch_size", AlignmentError)
     if batch_size < 1 or T % batch_size:
         raise AlignmentError(f"{T} router rows do not split into batch_size={batch_size} sequences")
     return rows_TLK.reshape(T // batch_size, batch_size, L, K).transpose(0, 1)
@@ -61,6 +80,8 @@ def router_rows_to_batch(rows_TLK: torch.Tensor, batch_size: int) -> torch.Tenso
 
 def sp_alignment(tp_size: int, cp_size: int = 1) -> int:
     """Rows a sequence must be a multiple of: ``tp`` for SP, ``2 * cp * tp`` with CP > 1."""
+    tp_size = as_index(tp_size, "tp_size", AlignmentError)
+    cp_size = as_index(cp_size, "cp_size", AlignmentError)
     if tp_size < 1 or cp_size < 1:
         raise AlignmentError(f"tp_size and cp_size must be >= 1; got {tp_size}, {cp_size}")
     return tp_size * cp_size * 2 if cp_size > 1 else tp_size
@@ -75,7 +96,8 @@ def sp_pad(
 
 def sp_scatter(rows: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
     """This TP rank's part of ``rows`` along dim 0, as ``scatter_to_sequence_parallel_region``."""
-    _check_rank(tp_rank, tp_size, "tensor-parallel")
+    check_tensor(rows, "rows", AlignmentError, min_ndim=1)
+    tp_rank, tp_size = _check_rank(tp_rank, tp_size, "tensor-parallel")
     n = rows.shape[0]
     if n % tp_size:
         raise AlignmentError(
@@ -91,6 +113,7 @@ def sp_gather(local: torch.Tensor, group: Any = None) -> torch.Tensor:
 
     Integer payloads travel as uint8 views; ``group`` defaults to Megatron's TP group.
     """
+    check_tensor(local, "local", AlignmentError, min_ndim=1)
     group = megatron_group("tensor_model_parallel") if group is None else group
     return torch.cat(all_gather_exact(local, group), dim=0)
 
@@ -100,7 +123,8 @@ def sp_gather(local: torch.Tensor, group: Any = None) -> torch.Tensor:
 
 def cp_chunk_ids(cp_rank: int, cp_size: int, layout: CPLayout = "zigzag") -> tuple[int, ...]:
     """Which equal chunks of a sequence a CP rank holds: of ``2 * cp`` (zigzag) or ``cp``."""
-    _check_rank(cp_rank, cp_size, "context-parallel")
+    layout = _check_layout(layout)
+    cp_rank, cp_size = _check_rank(cp_rank, cp_size, "context-parallel")
     if layout == "zigzag":
         return (cp_rank, 2 * cp_size - 1 - cp_rank)
     if layout == "contiguous":
@@ -116,6 +140,9 @@ def cp_split(
     seq: torch.Tensor, cp_rank: int, cp_size: int, *, layout: CPLayout = "zigzag", dim: int = 0
 ) -> torch.Tensor:
     """This CP rank's rows of a sequence along ``dim`` (zigzag as Megatron's batch split)."""
+    check_tensor(seq, "seq", AlignmentError, min_ndim=1)
+    dim = _check_dim(seq, dim)
+    cp_rank, cp_size = _check_rank(cp_rank, cp_size, "context-parallel")
     ids = cp_chunk_ids(cp_rank, cp_size, layout)
     n, chunks = seq.shape[dim], _num_chunks(cp_size, layout)
     if n % chunks:
@@ -133,6 +160,15 @@ def cp_merge(
     parts: Sequence[torch.Tensor], *, layout: CPLayout = "zigzag", dim: int = 0
 ) -> torch.Tensor:
     """The whole sequence from every CP rank's part (``parts[r]`` from rank r)."""
+    layout = _check_layout(layout)
+    if isinstance(parts, torch.Tensor) or not isinstance(parts, Sequence) or not parts:
+        raise AlignmentError(
+            "cp_merge takes a non-empty list with one tensor per CP rank (parts[r] from rank r); "
+            f"got {type(parts).__name__}"
+        )
+    for rank, part in enumerate(parts):
+        check_tensor(part, f"CP rank {rank}'s part", AlignmentError, min_ndim=1)
+    dim = _check_dim(parts[0], dim)
     cp_size = len(parts)
     chunks: list[torch.Tensor | None] = [None] * _num_chunks(cp_size, layout)
     for rank, part in enumerate(parts):
@@ -149,6 +185,9 @@ def cp_gather(
 ) -> torch.Tensor:
     """Gather every CP rank's part and restore token order; ``group`` defaults to Megatron's CP
     group. Integer payloads travel as uint8 views."""
+    check_tensor(local, "local", AlignmentError, min_ndim=1)
+    _check_layout(layout)
+    _check_dim(local, dim)
     group = megatron_group("context_parallel") if group is None else group
     return cp_merge(all_gather_exact(local, group), layout=layout, dim=dim)
 
@@ -171,6 +210,43 @@ class PackedRoutes:
     cu_seqlens_padded: torch.Tensor
     max_seqlen: int
 
+    def __post_init__(self) -> None:
+        rows = _routes(self.rows_TLK, "PackedRoutes.rows_TLK ([T, L, K] route ids)", 3)
+        mask = check_tensor(
+            self.mask_T, "PackedRoutes.mask_T", AlignmentError, ndim=1, boolean=True
+        )
+        if mask.shape[0] != rows.shape[0]:
+            raise AlignmentError(
+                f"PackedRoutes: mask_T has {mask.shape[0]} rows but rows_TLK has {rows.shape[0]}"
+            )
+        cu = check_tensor(
+            self.cu_seqlens, "PackedRoutes.cu_seqlens", AlignmentError, ndim=1, integer=True
+        )
+        cu_pad = check_tensor(
+            self.cu_seqlens_padded,
+            "PackedRoutes.cu_seqlens_padded",
+            AlignmentError,
+            ndim=1,
+            integer=True,
+        )
+        if cu.shape != cu_pad.shape or cu.shape[0] < 1:
+            raise AlignmentError(
+                f"PackedRoutes: cu_seqlens {tuple(cu.shape)} and cu_seqlens_padded "
+                f"{tuple(cu_pad.shape)} must be equal [N + 1] offsets"
+            )
+        max_seqlen = as_index(self.max_seqlen, "PackedRoutes.max_seqlen", AlignmentError)
+        if max_seqlen < 0:
+            raise AlignmentError(f"PackedRoutes.max_seqlen must be >= 0; got {max_seqlen}")
+        object.__setattr__(self, "max_seqlen", max_seqlen)
+
+
+def _packed(value: object, where: str) -> PackedRoutes:
+    if not isinstance(value, PackedRoutes):
+        raise AlignmentError(
+            f"{where} takes the PackedRoutes thd_pack returns; got {type(value).__name__}"
+        )
+    return value
+
 
 def thd_pack(
     routes: Sequence[torch.Tensor],
@@ -180,7 +256,17 @@ def thd_pack(
 ) -> PackedRoutes:
     """Pack per-sequence ``[T_i, L, K]`` routes, each padded at its end to ``align`` rows (use
     :func:`sp_alignment`); ``masks`` default to all-valid."""
-    m = operator.index(align)
+    m = as_index(align, "align", AlignmentError)
+    if isinstance(routes, torch.Tensor) or not isinstance(routes, Sequence):
+        raise AlignmentError(
+            f"thd_pack takes a list of [T_i, L, K] route tensors; got {type(routes).__name__}"
+        )
+    for i, r in enumerate(routes):
+        _routes(r, f"routes[{i}] ([T_i, L, K] route ids)", 3)
+    if masks is not None and (isinstance(masks, torch.Tensor) or not isinstance(masks, Sequence)):
+        raise AlignmentError(
+            f"thd_pack takes masks as a list of [T_i] bool tensors; got {type(masks).__name__}"
+        )
     if m < 1 or not routes:
         raise AlignmentError(f"thd_pack needs >= 1 sequence and align >= 1; got align={m}")
     masks = (
@@ -203,6 +289,7 @@ def thd_pack(
 
 def thd_unpack(packed: PackedRoutes) -> list[torch.Tensor]:
     """Per-sequence routes (views) without their alignment padding."""
+    _packed(packed, "thd_unpack")
     starts = packed.cu_seqlens_padded.tolist()
     lengths = (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).tolist()
     return [packed.rows_TLK[s : s + n] for s, n in zip(starts, lengths, strict=False)]
@@ -211,7 +298,8 @@ def thd_unpack(packed: PackedRoutes) -> list[torch.Tensor]:
 def thd_cp_index(cu_seqlens_padded: torch.Tensor, cp_rank: int, cp_size: int) -> torch.Tensor:
     """Packed-row indices a CP rank holds: each padded sequence zigzag-split on its own (what
     Transformer Engine's ``thd_get_partitioned_indices`` returns for Megatron's THD batches)."""
-    _check_rank(cp_rank, cp_size, "context-parallel")
+    check_tensor(cu_seqlens_padded, "cu_seqlens_padded", AlignmentError, ndim=1, integer=True)
+    cp_rank, cp_size = _check_rank(cp_rank, cp_size, "context-parallel")
     bounds = cu_seqlens_padded.tolist()
     pieces: list[torch.Tensor] = []
     for start, end in itertools.pairwise(bounds):
@@ -229,6 +317,7 @@ def thd_cp_index(cu_seqlens_padded: torch.Tensor, cp_rank: int, cp_size: int) ->
 
 def packed_seq_params(packed: PackedRoutes) -> Any:
     """Megatron's ``PackedSeqParams`` (THD) for the batch these routes were packed for."""
+    _packed(packed, "packed_seq_params")
     module = importlib.import_module("megatron.core.packed_seq_params")
     return module.PackedSeqParams(
         qkv_format="thd",

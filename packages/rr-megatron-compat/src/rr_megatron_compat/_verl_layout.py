@@ -17,6 +17,7 @@ import torch
 
 import rr_core
 from rr_core import AlignmentError, LayoutConfig, LayoutError
+from rr_megatron_compat._checks import as_index, check_tensor
 from rr_megatron_compat._guards import ReplayConfigError
 from rr_megatron_compat._layout import current_pipeline_rank, layout_config
 from rr_megatron_compat._pipeline import pp_gather as _rr_pp_gather
@@ -31,6 +32,8 @@ def offsets(jagged: torch.Tensor) -> torch.Tensor:
 
 
 def _vp(cfg: LayoutConfig, vp_stage: int | None) -> int | None:
+    if vp_stage is not None:
+        vp_stage = as_index(vp_stage, "vp_stage", LayoutError)
     if cfg.vp_size is None:
         if vp_stage not in (None, 0):
             raise LayoutError(f"vp_stage={vp_stage} given but the config has no virtual pipeline")
@@ -52,7 +55,8 @@ def get_num_layers_to_build(
 
 def is_moe_layer(tf_config: Any, layer_idx: int) -> bool:
     """Whether the 0-based decoder layer ``layer_idx`` is MoE (out of range raises)."""
-    return rr_core.is_moe_layer(layout_config(tf_config), layer_idx + 1)
+    idx = as_index(layer_idx, "layer_idx", LayoutError)
+    return rr_core.is_moe_layer(layout_config(tf_config), idx + 1)
 
 
 def get_moe_num_layers_to_build(
@@ -104,6 +108,13 @@ def pp_gather(local_layers_router_map: torch.Tensor, tf_config: Any) -> torch.Te
     the global MoE-layer axis on every rank, with rr's exact :func:`~rr_megatron_compat.pp_gather`
     (the layout checks each rank's layer count; narrow dtypes travel unwidened). On CPU."""
     cfg = layout_config(tf_config)
+    check_tensor(
+        local_layers_router_map,
+        "local_layers_router_map ([B, S, m, K] route ids)",
+        LayoutError,
+        ndim=4,
+        integer=True,
+    )
     if cfg.pp_size <= 1:
         return local_layers_router_map
     flat, back = _flat(local_layers_router_map.cpu())
@@ -120,6 +131,20 @@ def reorder_and_merge_vpp_layers(
     """Records captured in the interleaved schedule's order to ``[B, S, m, K]``: micro-batches
     concatenated per chunk, chunks concatenated on the layer axis. A missing or extra capture
     raises."""
+    if isinstance(micro_batch_tensor_list, torch.Tensor) or not isinstance(
+        micro_batch_tensor_list, Sequence
+    ):
+        raise LayoutError(
+            "reorder_and_merge_vpp_layers takes the list of captured tensors; got "
+            f"{type(micro_batch_tensor_list).__name__}"
+        )
+    for name, value in (
+        ("num_microbatches", num_microbatches),
+        ("vpp_size", vpp_size),
+        ("microbatch_group_size_per_vp_stage", microbatch_group_size_per_vp_stage),
+    ):
+        if as_index(value, name, LayoutError) < 1:
+            raise LayoutError(f"{name} must be >= 1; got {value}")
     schedules = importlib.import_module("megatron.core.pipeline_parallel.schedules")
     table = schedules.get_schedule_table(
         num_microbatches, vpp_size, microbatch_group_size_per_vp_stage
@@ -155,6 +180,14 @@ def align_r3_router_replay_data(
     """Engine routes (jagged ``[B, j, L, K]``) on the training inputs' rows: ``j`` must be the
     input length or one less (the last sampled token was never fed back); the missing row is a
     zero placeholder the replay mask leaves native."""
+    check_tensor(
+        layers_topk_idx,
+        "layers_topk_idx (jagged [B, j, L, K] ids)",
+        AlignmentError,
+        ndim=4,
+        integer=True,
+    )
+    check_tensor(input_ids, "input_ids (jagged [B, j])", AlignmentError, ndim=2)
     if not (layers_topk_idx.is_nested and input_ids.is_nested):
         raise AlignmentError("R3 alignment takes jagged (nested) routes and input_ids")
     route_at, input_at = offsets(layers_topk_idx).cpu(), offsets(input_ids).cpu()
@@ -188,6 +221,8 @@ def build_r3_replay_mask(input_ids: torch.Tensor, response_mask: torch.Tensor) -
     """Jagged bool mask on ``input_ids``' rows: every row of a sequence with a response except
     its last (:func:`rr_core.replay_mask_for_lengths`: the engine routed no last sampled
     token); sequences without a response stay native."""
+    check_tensor(input_ids, "input_ids (jagged [B, j])", AlignmentError, ndim=2)
+    check_tensor(response_mask, "response_mask ([B, R])", AlignmentError, ndim=2)
     if not input_ids.is_nested:
         raise AlignmentError("build_r3_replay_mask takes jagged (nested) input_ids")
     starts = offsets(input_ids)

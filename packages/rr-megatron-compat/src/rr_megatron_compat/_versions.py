@@ -14,7 +14,7 @@ import importlib.metadata
 from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from rr_core import RRError
 from rr_megatron_compat._supported import MEGATRON_FEATURES, SUPPORTED
@@ -73,7 +73,17 @@ class MegatronLine:
 def line_flags(version: Version | str) -> MegatronLine:
     """The flags of ``version`` (pure: usable for any version string). A pre-release has the
     flags of the release it precedes."""
-    v = Version(Version(str(version)).base_version)
+    if not isinstance(version, (Version, str)):
+        raise UnsupportedMegatronError(
+            f"line_flags takes a version string such as '0.16.0' or a packaging Version; got "
+            f"{version!r} ({type(version).__name__})"
+        )
+    try:
+        v = Version(Version(str(version)).base_version)
+    except InvalidVersion as error:
+        raise UnsupportedMegatronError(
+            f"{version!r} is not a megatron-core version (expected e.g. '0.16.0')"
+        ) from error
     flags = {name: v in SpecifierSet(spec) for name, spec in MEGATRON_FEATURES.items()}
     return MegatronLine(version=v, **flags)
 
@@ -119,6 +129,11 @@ def hook_specs(line: MegatronLine) -> tuple[HookSpec, ...]:
     before 0.16 the top-k function the router calls plus ``group_limited_topk``, through
     which that function is steered to the hook.
     """
+    if not isinstance(line, MegatronLine):
+        raise UnsupportedMegatronError(
+            f"hook_specs takes a MegatronLine (megatron_line() or line_flags(version)); got "
+            f"{line!r} ({type(line).__name__})"
+        )
     specs = [HookSpec(ROUTER, "TopKRouter", "routing", "routing")]
     if line.native_replay:
         specs.append(HookSpec(ROUTER_REPLAY, "RouterReplay", "get_replay_topk", "native_select"))

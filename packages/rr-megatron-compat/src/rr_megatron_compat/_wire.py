@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from rr_core import AlignmentError
+
 _WIRE_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
@@ -24,8 +26,12 @@ def _dist() -> Any:
 
 def as_wire_bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of an integer or bool tensor (copied only if not contiguous)."""
-    if t.dtype not in _WIRE_DTYPES:
-        raise TypeError(f"route payloads must be integer or bool tensors; got {t.dtype}")
+    if not isinstance(t, torch.Tensor) or t.dtype not in _WIRE_DTYPES:
+        got = f"{t.dtype} tensor" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise AlignmentError(
+            f"route payloads must be integer or bool tensors ({', '.join(map(str, _WIRE_DTYPES))});"
+            f" got a {got}; gather route ids, not scores"
+        )
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 

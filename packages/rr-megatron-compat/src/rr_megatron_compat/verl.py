@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from rr_core import ReplayError, stage_layer_numbers
+from rr_megatron_compat._checks import as_index, check_model, check_tensor
 from rr_megatron_compat._layout import current_pipeline_rank, layout_config
 from rr_megatron_compat._verl_install import install, is_installed, uninstall
 from rr_megatron_compat._verl_layout import (
@@ -79,6 +80,19 @@ __all__ = [
 Model = nn.Module | Sequence[nn.Module]
 
 
+def _check_common(
+    where: str, vp_rank: object, local_cp_size: object, model: object, attention_mask: object
+) -> None:
+    """The arguments every staging / merging call shares (O(1): metadata only)."""
+    for name, value in (("vp_rank", vp_rank), ("local_cp_size", local_cp_size)):
+        if value is not None and as_index(value, f"{where}: {name}", ReplayError) < 0:
+            raise ReplayError(f"{where}: {name} must be >= 0 or None; got {value}")
+    if model is not None:
+        check_model(model, where)
+    if attention_mask is not None:
+        check_tensor(attention_mask, f"{where}: attention_mask ([B, S])", ReplayError, ndim=2)
+
+
 def apply_router_replay_patch() -> None:
     """Install rr's router hooks for the installed Megatron line, remember every ``TopKRouter``
     built from now on whose config enables replay (``RouterReplay.router_instances``), and give
@@ -109,6 +123,7 @@ def __getattr__(name: str) -> Any:
 def iter_model_routers(model: Model) -> Iterator[tuple[int, RouterReplay]]:
     """``(layer_number, RouterReplay)`` for each decoder router of ``model`` (a chunk or the
     list of VPP chunks), in layer order; MTP routers are never included. Attaches on first use."""
+    check_model(model, "iter_model_routers")
     for chunk in chunks_of(model):
         for view in chunk.views:
             yield view.layer_number, view
@@ -116,6 +131,14 @@ def iter_model_routers(model: Model) -> Iterator[tuple[int, RouterReplay]]:
 
 def set_model_router_replay_action(model: Model, router_replay_action: RouterReplayAction) -> None:
     """Set the action on ``model``'s own routers only."""
+    check_model(model, "set_model_router_replay_action")
+    if router_replay_action is not None and not isinstance(
+        router_replay_action, RouterReplayAction
+    ):
+        raise ReplayError(
+            "set_model_router_replay_action takes a RouterReplayAction (RECORD, REPLAY_FORWARD, "
+            f"REPLAY_BACKWARD) or None; got {router_replay_action!r}"
+        )
     for chunk in chunks_of(model):
         chunk.set_action(router_replay_action)
 
@@ -148,6 +171,16 @@ def set_router_replay_data(
     """
     if layers_topk_idx is None:
         raise ReplayError("set_router_replay_data needs the routes recorded or returned for them")
+    check_tensor(
+        layers_topk_idx,
+        "set_router_replay_data: layers_topk_idx ([B, S, L, K] or jagged [B, j, L, K] ids)",
+        ReplayError,
+        ndim=4,
+        integer=True,
+    )
+    if replay_mask is not None:
+        check_tensor(replay_mask, "set_router_replay_data: replay_mask", ReplayError, min_ndim=1)
+    _check_common("set_router_replay_data", vp_rank, local_cp_size, model, attention_mask)
     with torch.no_grad():
         rows, mask = to_router_rows(
             layers_topk_idx, replay_mask, attention_mask, tf_config, local_cp_size
@@ -178,6 +211,18 @@ def merge_router_topk_indices(
     (zeros outside ``attention_mask``) for dense inputs, jagged ``[B, j, m, K]`` for nested
     ``input_ids``; ``m`` are the chunk's MoE layers in layer order (``m = 0`` for a dense-only
     stage). Raises if any router of the chunk did not record."""
+    check_tensor(
+        input_ids,
+        "merge_router_topk_indices: input_ids ([B, S] or jagged)",
+        ReplayError,
+        min_ndim=2,
+    )
+    if not isinstance(mini_layer_topk_idx_list, list):
+        raise ReplayError(
+            "merge_router_topk_indices appends to mini_layer_topk_idx_list, which must be a list; "
+            f"got {type(mini_layer_topk_idx_list).__name__}"
+        )
+    _check_common("merge_router_topk_indices", vp_rank, local_cp_size, model, attention_mask)
     lengths = _lengths(input_ids, attention_mask)
     rows = _recorded_rows(tf_config, vp_rank, model)
     if rows is None:
@@ -221,10 +266,18 @@ def _recorded_rows(tf_config: Any, vp_rank: int | None, model: Model | None) -> 
 def merge_nested_router_maps(router_maps: Sequence[torch.Tensor]) -> torch.Tensor:
     """The micro-batches' jagged ``[b_i, j, m, K]`` route maps as one int16 jagged tensor of
     all their sequences, in order (verl's R2 merge without virtual pipelining)."""
+    if isinstance(router_maps, torch.Tensor) or not isinstance(router_maps, Sequence):
+        raise ReplayError(
+            "merge_nested_router_maps takes a list of jagged route maps, one per micro-batch; got "
+            f"{type(router_maps).__name__}"
+        )
     if not router_maps:
         raise ReplayError("merge_nested_router_maps needs at least one micro-batch's routes")
     values, lengths = [], []
     for router_map in router_maps:
+        check_tensor(
+            router_map, "merge_nested_router_maps: each route map", ReplayError, integer=True
+        )
         if not router_map.is_nested:
             raise ReplayError(
                 f"merge_nested_router_maps takes jagged tensors; got {router_map.shape}"
