@@ -18,6 +18,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from rr_core import RRError
+
 #: dtypes HCCL collectives accept, by ``str(torch.dtype)`` without the ``torch.`` prefix.
 HCCL_COLLECTIVE_DTYPES: frozenset[str] = frozenset(
     {"int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32"}
@@ -27,7 +29,7 @@ PAYLOAD_DTYPES: frozenset[str] = frozenset({"bool", "uint8", "int8", "int16"})
 BYTE_VIEW_BACKENDS: frozenset[str] = frozenset({"nccl", "gloo"})
 
 
-class PayloadPolicyError(ValueError):
+class PayloadPolicyError(RRError, ValueError):
     """A routes payload that the policy does not send (too wide, or not integer)."""
 
 
@@ -47,6 +49,10 @@ def _name(dtype: Any) -> str:
 
 def wire_plan(dtype: Any, backend: str) -> WirePlan:
     """The policy for ``dtype`` over ``backend`` (``hccl`` / ``nccl`` / ``gloo``)."""
+    if not isinstance(backend, str):
+        raise PayloadPolicyError(
+            f"backend must be 'hccl', 'nccl' or 'gloo'; got {backend!r} ({type(backend).__name__})"
+        )
     name, backend = _name(dtype), backend.lower()
     if name not in PAYLOAD_DTYPES:
         raise PayloadPolicyError(
@@ -59,7 +65,7 @@ def wire_plan(dtype: Any, backend: str) -> WirePlan:
         return WirePlan(name, backend, name, False)
     if backend in BYTE_VIEW_BACKENDS:
         return WirePlan(name, backend, "uint8", name != "uint8")
-    raise ValueError(f"backend must be 'hccl', 'nccl' or 'gloo'; got {backend!r}")
+    raise PayloadPolicyError(f"backend must be 'hccl', 'nccl' or 'gloo'; got {backend!r}")
 
 
 def _dist() -> Any:
@@ -76,6 +82,11 @@ def all_gather_routes(ids: Any, group: Any = None, *, backend: str | None = None
     rank in the payload's own dtype. ``backend`` defaults to the group's."""
     import torch
 
+    _check_ids(ids, "all_gather_routes")
+    if backend is not None and not isinstance(backend, str):
+        raise PayloadPolicyError(
+            f"backend must be None (the group's), 'hccl', 'nccl' or 'gloo'; got {backend!r}"
+        )
     plan = wire_plan(ids.dtype, backend or group_backend(group))
     dist = _dist()
     payload = ids.contiguous()
@@ -87,8 +98,26 @@ def all_gather_routes(ids: Any, group: Any = None, *, backend: str | None = None
     return [p.view(payload.dtype).reshape(payload.shape) for p in parts]
 
 
+def _check_ids(ids: Any, where: str) -> None:
+    import torch
+
+    if not isinstance(ids, torch.Tensor):
+        raise PayloadPolicyError(
+            f"{where} takes route ids as a torch.Tensor; got {type(ids).__name__}"
+        )
+    if ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise PayloadPolicyError(
+            f"{where} takes integer route ids; got a {ids.dtype} tensor of shape "
+            f"{tuple(ids.shape)} (scores are not routes)"
+        )
+
+
 def ids_for_gather(ids: Any) -> Any:
     """Route ids as int64, for ``torch.gather`` / indexing: the one place they are widened."""
     import torch
+
+    _check_ids(ids, "ids_for_gather")
+    if ids.dtype is torch.bool:
+        raise PayloadPolicyError("ids_for_gather takes integer route ids; got a bool tensor")
 
     return ids.to(torch.int64)

@@ -17,6 +17,7 @@ import importlib
 from typing import Any
 
 import rr_megatron_compat as rmc
+from rr_megatron_compat import ReplayConfigError
 from rr_npu._mindspeed import check_routing_not_replaced
 
 GENERATED_MODULE = "types"
@@ -34,7 +35,9 @@ def declared_class(config: Any) -> type:
     for klass in type(config).__mro__:
         if klass.__module__ != GENERATED_MODULE:
             return klass
-    raise TypeError(f"{type(config)!r} has no importable base class")
+    raise ReplayConfigError(
+        f"{type(config)!r} has no importable base class; pass a Megatron config instance"
+    )
 
 
 def config_to_plain(config: Any) -> dict[str, Any]:
@@ -42,6 +45,11 @@ def config_to_plain(config: Any) -> dict[str, Any]:
     instance attribute (MindSpeed's merged arguments, the replay flag). Picklable wherever the
     values are; send this across processes, not the config."""
     klass = declared_class(config)
+    if not dataclasses.is_dataclass(klass) or not hasattr(config, "__dict__"):
+        raise ReplayConfigError(
+            f"config_to_plain takes a Megatron config (a dataclass instance); got "
+            f"{type(config).__name__}"
+        )
     init_names = {f.name for f in dataclasses.fields(klass) if f.init}
     values = dict(vars(config))
     return {
@@ -51,24 +59,46 @@ def config_to_plain(config: Any) -> dict[str, Any]:
     }
 
 
-def _resolve(path: str) -> type:
+def _resolve(path: object) -> type:
+    if not isinstance(path, str) or ":" not in path:
+        raise ReplayConfigError(f"config class must be 'module:QualName'; got {path!r}")
     module_name, _, qualname = path.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, type):
-        raise TypeError(f"{path} is not a class")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as error:
+        raise ReplayConfigError(f"config class {path} cannot be imported here: {error}") from error
+    if not isinstance(obj, type) or not dataclasses.is_dataclass(obj):
+        raise ReplayConfigError(f"{path} is not a config class (a dataclass)")
     return obj
+
+
+_PLAIN_KEYS = ("class", "fields", "extra")
 
 
 def config_from_plain(data: dict[str, Any], **changes: Any) -> Any:
     """Build a config from :func:`config_to_plain` data (with ``changes`` to init fields);
     instance attributes are put back afterwards, so nothing the original carried is lost.
     Under MindSpeed the construction goes through its rebuild like any other."""
+    if not isinstance(data, dict) or set(data) != set(_PLAIN_KEYS):
+        got = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise ReplayConfigError(
+            f"config_from_plain takes what config_to_plain returns (a dict with keys "
+            f"{list(_PLAIN_KEYS)}); got {got}"
+        )
+    for key in ("fields", "extra"):
+        if not isinstance(data[key], dict) or not all(isinstance(k, str) for k in data[key]):
+            raise ReplayConfigError(
+                f"config_from_plain: data[{key!r}] must be a dict of field names; got "
+                f"{type(data[key]).__name__}"
+            )
     klass = _resolve(data["class"])
     unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(klass) if f.init})
     if unknown:
-        raise TypeError(f"{klass.__name__} has no init fields {unknown}")
+        raise ReplayConfigError(
+            f"{klass.__name__} has no init fields {unknown}; change only its __init__ fields"
+        )
     config = klass(**{**data["fields"], **changes})
     for name, value in data["extra"].items():
         vars(config)[name] = value  # the instance only (frozen rebuilt classes too)

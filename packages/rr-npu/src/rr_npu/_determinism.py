@@ -63,6 +63,13 @@ def set_npu_determinism(*, torch_deterministic: bool = True) -> DeterminismRepor
     returns what changed. Safe on CPU / CUDA hosts: the variables are only read by CANN."""
     import torch
 
+    if not isinstance(torch_deterministic, bool):
+        from rr_core import ReplayError
+
+        raise ReplayError(
+            "set_npu_determinism(torch_deterministic=...) must be True or False; got "
+            f"{torch_deterministic!r} ({type(torch_deterministic).__name__})"
+        )
     report = DeterminismReport()
     kept: list[str] = []
     for name, value in NPU_DETERMINISM_ENV.items():

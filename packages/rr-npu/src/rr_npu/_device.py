@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rr_core import RRError
+
 DeviceType = Literal["npu", "cuda", "cpu"]
 Backend = Literal["hccl", "nccl", "gloo"]
 
@@ -32,8 +34,12 @@ VISIBLE_DEVICES: dict[str, str | None] = {
 }
 
 
-class NpuUnavailableError(ImportError):
+class NpuUnavailableError(RRError, ImportError):
     """torch_npu cannot be imported (not installed, or installed without CANN)."""
+
+
+class DeviceChoiceError(RRError, ValueError):
+    """A device type (``prefer``, ``RR_DEVICE``) or index that is not one rr can choose."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,10 @@ class DeviceChoice:
         """``torch.device`` of this type (``npu:N`` parses once torch_npu is loaded)."""
         import torch
 
+        from rr_core.routes.args import as_index
+
+        if index is not None and as_index(index, "device index", DeviceChoiceError) < 0:
+            raise DeviceChoiceError(f"device index must be >= 0; got {index}")
         return torch.device(self.device_type if index is None else f"{self.device_type}:{index}")
 
     def visible_devices(self) -> str | None:
@@ -93,10 +103,11 @@ def device_choice(prefer: str | None = None) -> DeviceChoice:
     torch_npu (explicit opt-in) and raises if it or a device is missing."""
     wanted = prefer if prefer is not None else os.environ.get(ENV_DEVICE) or None
     if wanted is not None:
-        if wanted not in BACKENDS:
-            raise ValueError(
-                f"device type must be one of {sorted(BACKENDS)}; got {wanted!r} "
-                f"(from {'prefer' if prefer is not None else ENV_DEVICE})"
+        if not isinstance(wanted, str) or wanted not in BACKENDS:
+            raise DeviceChoiceError(
+                f"device type must be one of {sorted(BACKENDS)} (exact, lower case); got "
+                f"{wanted!r} (from {'prefer' if prefer is not None else ENV_DEVICE}); pass one of "
+                f"them, or unset {ENV_DEVICE} to choose automatically"
             )
         if wanted == "npu":
             import_torch_npu()

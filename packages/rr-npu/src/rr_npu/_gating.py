@@ -20,7 +20,7 @@ from typing import Any
 
 import wrapt
 
-from rr_core import ReplayController, ReplayMode, RRError
+from rr_core import ReplayController, ReplayError, ReplayMode, RRError
 
 FUSED_GATING_OPS = ("npu_moe_gating_top_k",)
 
@@ -36,6 +36,11 @@ _INSTALLED: list[tuple[str, GatingGuard]] = []
 
 def watch(controller: ReplayController) -> None:
     """Make the guard refuse fused gating while ``controller`` records or replays."""
+    if not isinstance(controller, ReplayController):
+        raise ReplayError(
+            "rr_npu.watch takes an rr_core.ReplayController; got "
+            f"{controller!r} ({type(controller).__name__})"
+        )
     with _LOCK:
         _WATCHED.add(controller)
 

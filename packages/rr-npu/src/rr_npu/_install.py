@@ -20,6 +20,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from torch import nn
+
 import rr_megatron_compat as rmc
 from rr_core import ReplayController, ReplayError
 from rr_core.patching import Patches
@@ -80,6 +82,7 @@ def install(*, force: bool = False) -> tuple[str, ...]:
     :class:`ConfigSignatureError` when a config class hides its signature. Safe to call again
     at any time; ``force`` is passed to ``rr_megatron_compat.install``.
     """
+    check_flag(force, "rr_npu.install(force=...)")
     with _LOCK:
         _STATE["force"] = force
         _reinstall()
@@ -111,6 +114,29 @@ def is_installed() -> bool:
     return bool(_STATE["installed"]) and rmc.is_installed()
 
 
+def check_controller(controller: object, where: str) -> None:
+    if not isinstance(controller, ReplayController):
+        raise ReplayError(
+            f"{where} takes an rr_core.ReplayController as its controller; got {controller!r} "
+            f"({type(controller).__name__}). Build one with "
+            "rr_core.ReplayController(num_experts=E, top_k=K)"
+        )
+
+
+def check_model(model: object, where: str) -> None:
+    chunks = model if isinstance(model, Sequence) and not isinstance(model, str) else [model]
+    if not chunks or not all(isinstance(c, nn.Module) for c in chunks):
+        raise ReplayError(
+            f"{where} takes a torch.nn.Module or a list of model chunks (nn.Module each); got "
+            f"{type(model).__name__}"
+        )
+
+
+def check_flag(value: object, what: str) -> None:
+    if not isinstance(value, bool):
+        raise ReplayError(f"{what} must be True or False; got {value!r} ({type(value).__name__})")
+
+
 def _configs(model: Any) -> list[Any]:
     chunks = model if isinstance(model, Sequence) else [model]
     found: list[Any] = []
@@ -127,6 +153,9 @@ def attach(
 ) -> tuple[int, ...]:
     """``rr_megatron_compat.attach`` after :func:`ensure_installed` and the MindSpeed checks on
     every config of ``model``; the controller is watched by the fused gating guard."""
+    check_controller(controller, "rr_npu.attach")
+    check_model(model, "rr_npu.attach")
+    rmc.check_replay_config(None, capacity=capacity)
     ensure_installed()
     for config in _configs(model):
         check_routing_not_replaced(config)
@@ -137,5 +166,6 @@ def attach(
 
 def detach(controller: ReplayController) -> None:
     """``controller.detach()`` and stop watching it."""
+    check_controller(controller, "rr_npu.detach")
     controller.detach()
     unwatch(controller)
