@@ -14,7 +14,7 @@ import torch
 import rr_npu
 from rr_core import ReplayController, ReplayError, RRError
 from rr_megatron_compat import ReplayConfigError
-from rr_npu._device import DeviceChoiceError
+from rr_npu import DeviceChoiceError
 
 IDS = torch.zeros((4, 2), dtype=torch.int16)
 PLAIN = {"fields": {}, "extra": {}}

@@ -23,6 +23,7 @@ from ._determinism import (
 )
 from ._device import (
     DeviceChoice as DeviceChoice,
+    DeviceChoiceError as DeviceChoiceError,
     NpuUnavailableError as NpuUnavailableError,
     collective_backend as collective_backend,
     device_choice as device_choice,
