@@ -5,7 +5,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
+from rr_core import ReplayController
 from rr_fakes.pytest_support import _no_leaked_attachments
+
+from rr_core_testing import E, K
 
 __all__ = ["_no_leaked_attachments"]  # an autouse fixture: importing it here applies it
 
@@ -16,3 +19,11 @@ def torch_threads() -> Iterator[Callable[[int], None]]:
     before = torch.get_num_threads()
     yield torch.set_num_threads
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def controller() -> Iterator[ReplayController]:
+    """A controller of the tiny test model's E experts and top-K, detached after the test."""
+    ctrl = ReplayController(num_experts=E, top_k=K)
+    yield ctrl
+    ctrl.detach()

@@ -10,6 +10,9 @@ from torch.utils.checkpoint import checkpoint
 
 from rr_core import router_topk
 
+#: TinyModel's default sizes: E experts, K top-k, H hidden.
+E, K, H = 6, 2, 8
+
 
 class RecordingRouter(nn.Module):
     """Softmax router over E experts calling :func:`rr_core.router_topk`; it keeps its last
@@ -84,9 +87,9 @@ class TinyModel(nn.Module):
         *,
         num_layers: int = 3,
         moe: Sequence[bool] | None = None,
-        hidden: int = 8,
-        num_experts: int = 6,
-        top_k: int = 2,
+        hidden: int = H,
+        num_experts: int = E,
+        top_k: int = K,
         first_layer_number: int = 1,
         mtp_layers: int = 0,
         recompute: str | None = None,

@@ -3,7 +3,6 @@ exactly: modes, arming before attach, route tensors of the wrong kind, unchecked
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,16 +14,7 @@ from hypothesis import strategies as st
 from rr_core import ReplayController, ReplayError, ReplayMode, RouteBatch, RouteMeta, RRError
 from rr_fakes import distinct_ids
 
-from rr_core_testing import TinyModel
-
-E, K, H = 6, 2, 8
-
-
-@pytest.fixture
-def controller() -> Iterator[ReplayController]:
-    ctrl = ReplayController(num_experts=E, top_k=K)
-    yield ctrl
-    ctrl.detach()
+from rr_core_testing import E, H, K, TinyModel
 
 
 def routes(t: int, layers: int = 2, *, seed: int = 2) -> torch.Tensor:

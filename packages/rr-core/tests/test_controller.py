@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -12,16 +10,7 @@ from hypothesis import strategies as st
 from rr_core import ReplayController, ReplayError, ReplayMode, RRWarning
 from rr_fakes import distinct_ids
 
-from rr_core_testing import TinyModel
-
-E, K, H = 6, 2, 8
-
-
-@pytest.fixture
-def controller() -> Iterator[ReplayController]:
-    ctrl = ReplayController(num_experts=E, top_k=K)
-    yield ctrl
-    ctrl.detach()
+from rr_core_testing import E, H, K, TinyModel
 
 
 def tokens(t: int, seed: int = 1) -> torch.Tensor:
