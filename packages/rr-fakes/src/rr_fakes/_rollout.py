@@ -11,7 +11,8 @@ only, emulating inference kernels whose numerics differ from the trainer's.
 
 Any model works whose routers call :func:`rr_core.router_topk` (the routers of
 :func:`rr_fakes.build_tiny_moe`, or real Megatron routers with the replay hook installed) and
-that maps token ids to logits (``forward`` adapts the call).
+that maps token ids to logits (``forward`` adapts the call; ``attach`` gives the recorder the
+routers of models whose layers carry no ``layer_number``, such as transformers models).
 
 Shapes: T tokens, E experts, K top-k, L layer slots, V vocabulary.
 """
@@ -26,10 +27,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from rr_core import ReplayController, ReplayMode, TopK, walk_routers
+from rr_core import ReplayController, ReplayMode, TopK
 from rr_fakes.engines import NO_FAULTS, Faults, VllmEra, sglang_response, vllm_request_output
 
 ForwardFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+AttachFn = Callable[[ReplayController, nn.Module], tuple[int, ...]]
+
+
+def _default_attach(controller: ReplayController, model: nn.Module) -> tuple[int, ...]:
+    return controller.attach(model)
 
 
 def _default_forward(model: nn.Module, input_ids_1S: torch.Tensor) -> torch.Tensor:
@@ -48,7 +54,7 @@ class _NoisyRecorder(ReplayController):
 
     def attach(self, model: Any, **kw: Any) -> tuple[int, ...]:
         layers = super().attach(model, **kw)
-        self._walked = [router for _, router in walk_routers(model)]
+        self._walked = list(self._routers)  # in layer order, however they were walked
         return layers
 
     def used_in_layer_order(self) -> list[torch.Tensor]:
@@ -131,6 +137,7 @@ class RolloutEmulator:
     noise: float = 0.0
     seed: int = 0
     forward: ForwardFn = _default_forward
+    attach: AttachFn = _default_attach
     prefix_caching: bool = False
     block_size: int = 16
     _seen: list[tuple[tuple[int, ...], np.ndarray]] = field(default_factory=list, repr=False)
@@ -155,7 +162,7 @@ class RolloutEmulator:
             num_experts=self.num_experts,
             top_k=self.top_k,
         )
-        layers = recorder.attach(self.model)
+        layers = self.attach(recorder, self.model)
         try:
             sequence = [int(t) for t in prompt_ids]
             logits_V, rows = self._step(recorder, sequence)
@@ -246,14 +253,17 @@ def record_routes(
     top_k: int,
     num_layers: int | None = None,
     forward: ForwardFn = _default_forward,
+    attach: AttachFn = _default_attach,
 ) -> np.ndarray:
     """The trainer's view: one noise-free teacher-forced forward over all T tokens, routes
     ``[T, num_layers, K]`` on the all-layers axis (dense layers zero)."""
-    emulator = RolloutEmulator(model, num_experts, top_k, num_layers=num_layers, forward=forward)
+    emulator = RolloutEmulator(
+        model, num_experts, top_k, num_layers=num_layers, forward=forward, attach=attach
+    )
     recorder = _NoisyRecorder(
         noise=0.0, generator=emulator._generator, num_experts=num_experts, top_k=top_k
     )
-    layers = recorder.attach(model)
+    layers = attach(recorder, model)
     try:
         _, rows = emulator._step(recorder, [int(t) for t in token_ids])
     finally:

@@ -166,10 +166,16 @@ class ReplayController:
         *,
         is_router: RouterPredicate = is_router_by_name,
         scope: Callable[[nn.Module], nn.Module] = decoder_scope,
+        walk: Callable[[Any], Sequence[tuple[int, nn.Module]]] | None = None,
     ) -> tuple[int, ...]:
         """Walk the forwarded model (or its VPP chunks) once and take ownership of its routers.
-        Re-attaching detaches the previous model first. Returns the layer numbers found."""
-        walked = walk_routers(model, is_router=is_router, scope=scope)
+        ``walk`` replaces :func:`walk_routers` for models whose layers carry no
+        ``layer_number`` (it returns ``(global layer number, router)`` pairs). Re-attaching
+        detaches the previous model first. Returns the layer numbers found."""
+        if walk is None:
+            walked = walk_routers(model, is_router=is_router, scope=scope)
+        else:
+            walked = _checked_walk(walk(model))
         for layer, router in walked:
             owner = _OWNERS.get(router)
             if owner is not None and owner is not self:
@@ -595,6 +601,27 @@ class ReplayController:
         self._forward_mbs = set()
         self._forward_mb = None
         self._backward_mb = None
+
+
+def _checked_walk(walked: object) -> list[tuple[int, nn.Module]]:
+    """A custom walk's pairs, sorted by layer: each an (int >= 1, nn.Module), layers unique."""
+    pairs = list(walked) if isinstance(walked, Sequence) else None
+    if pairs is None or not all(
+        isinstance(p, tuple)
+        and len(p) == 2
+        and type(p[0]) is int
+        and p[0] >= 1
+        and isinstance(p[1], nn.Module)
+        for p in pairs
+    ):
+        raise ReplayError(
+            "walk must return a sequence of (global 1-based layer number, router module) "
+            f"pairs; got {walked!r:.200}"
+        )
+    layers = [layer for layer, _ in pairs]
+    if len(set(layers)) != len(layers) or len({id(r) for _, r in pairs}) != len(pairs):
+        raise ReplayError(f"walk returned a layer or a router twice: layers {layers}")
+    return sorted(pairs, key=lambda p: p[0])
 
 
 def _check_hashable(microbatch: object) -> None:

@@ -1,0 +1,130 @@
+"""``attach``: find each router of a real ``PreTrainedModel`` by its decoder layer and hand
+them to a :class:`rr_core.ReplayController`.
+
+Routers are addressed by decoder layer (layer i of ``layers`` is global layer i + 1, the
+all-layers axis vLLM and SGLang return). Only the text decoder is walked: vision and audio
+towers, and the multi-token-prediction weights transformers does not build, are never on the
+axis. Dense layers and shared experts have no route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import nn
+
+from rr_core import ReplayController, WalkError
+from rr_transformers._errors import UnknownFamilyError
+from rr_transformers._families import Family, family_of, text_config
+from rr_transformers._install import hooked, install
+from rr_transformers._versions import checked_version
+
+ScoreFunction = Literal["softmax", "sigmoid", "topk_softmax"]
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """What :func:`attach` found: the family, the decoder's size and the routed layers."""
+
+    family: Family
+    num_layers: int
+    layer_numbers: tuple[int, ...]  # global, 1-based, one per routed decoder layer
+    num_experts: int
+    top_k: int
+
+    @property
+    def model_type(self) -> str:
+        return self.family.model_type
+
+
+def decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
+    """The text decoder's layers: ``get_decoder().layers`` (a vision-language model's decoder is
+    its language model), checked against the text config's ``num_hidden_layers``."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    layers = getattr(decoder, "layers", None)
+    expected = getattr(text_config(getattr(model, "config", None)), "num_hidden_layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise WalkError(
+            f"{type(model).__name__}.get_decoder() has no `layers` ModuleList (got "
+            f"{type(decoder).__name__}); attach a transformers PreTrainedModel"
+        )
+    if expected is not None and len(layers) != expected:
+        raise WalkError(
+            f"{type(model).__name__}'s decoder has {len(layers)} layers; its config says "
+            f"num_hidden_layers={expected}"
+        )
+    return list(layers)
+
+
+def _routers(model: nn.Module, family: Family) -> list[tuple[int, nn.Module]]:
+    router_class = family.router_class()
+    found = []
+    for index, layer in enumerate(decoder_layers(model)):
+        routers = [m for m in layer.modules() if type(m) is router_class]
+        blocks = [name for name, m in layer.named_modules() if isinstance(getattr(m, "experts", None), nn.Module)]
+        if len(routers) > 1:
+            raise WalkError(f"decoder layer {index} holds {len(routers)} {family.router}s")
+        if blocks and not routers:
+            raise UnknownFamilyError(
+                f"decoder layer {index} has experts ({blocks[0]!r}) but no {family.router}: "
+                f"its router is {_router_like(layer)}, not transformers' {family.model_type} "
+                "router (remote code or a replaced block); rr does not know its semantics"
+            )
+        if routers:
+            found.append((index + 1, routers[0]))
+    return found
+
+
+def _router_like(layer: nn.Module) -> str:
+    names = [type(m).__name__ for n, m in layer.named_modules() if n.endswith(("gate", "router"))]
+    return names[0] if names else "unknown"
+
+
+def attach(
+    model: nn.Module,
+    controller: ReplayController,
+    *,
+    score_function: ScoreFunction | None = None,
+) -> Attachment:
+    """Give ``controller`` the routers of ``model`` (installs the router hooks if needed).
+
+    Checks the model's E and top-k against the controller's, and its score function against
+    ``score_function`` when given (routes recorded from a sigmoid router mean nothing to a
+    softmax one). A model whose family rr does not know raises :class:`UnknownFamilyError`.
+    """
+    if not isinstance(model, nn.Module):
+        raise WalkError(f"attach takes a transformers PreTrainedModel; got {type(model).__name__}")
+    if not isinstance(controller, ReplayController):
+        raise WalkError(
+            f"attach takes a rr_core.ReplayController; got {type(controller).__name__}"
+        )
+    version = checked_version()
+    family = family_of(model, version)
+    config = text_config(model.config)
+    num_experts, top_k = family.sizes(config)
+    if (num_experts, top_k) != (controller.num_experts, controller.top_k):
+        raise WalkError(
+            f"{type(model).__name__} routes top-{top_k} of E={num_experts} experts; the "
+            f"controller expects top-{controller.top_k} of E={controller.num_experts}"
+        )
+    if score_function is not None and score_function != family.score:
+        raise WalkError(
+            f"{family.model_type} routers score with {family.score!r}; the routes were "
+            f"recorded with {score_function!r}"
+        )
+    install()
+    if not hooked(family):
+        raise WalkError(f"the {family.model_type} router hook is not installed")
+    pairs = _routers(model, family)
+    layers = controller.attach(model, walk=lambda _model: pairs)
+    return Attachment(family, len(decoder_layers(model)), layers, num_experts, top_k)
+
+
+def detach(controller: ReplayController) -> None:
+    """Release the controller's routers (they route natively again)."""
+    controller.detach()
+
+

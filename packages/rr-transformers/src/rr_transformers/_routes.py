@@ -1,0 +1,127 @@
+"""Route batches in the token order a transformers model's routers see.
+
+A sparse MoE block flattens its input ``[B, S, H]`` to ``[B*S, H]``, so the routers see padded
+batches row by row (padding included) and packed batches (one row, ``position_ids`` restarting
+at 0 for each sequence, as flash-attention varlen packing does) as one stream. Sequence b's
+route rows go to its first rows' tokens in order: an engine returns T-1 rows for T tokens (the
+last sampled token was never fed back), so the last token of such a sequence, padding, and
+rows the batch marks invalid route natively.
+
+Shapes: B sequences, S padded length, N tokens the routers see, L layer slots, K top-k.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rr_core import AlignmentError, ReplayController, RouteBatch
+
+
+def routes_for_padded(
+    batch: RouteBatch, attention_mask_BS: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B*S, L, K]`` routes and the ``[B*S]`` replay mask for a padded batch (left, right or
+    any padding: sequence b's tokens are where ``attention_mask_BS[b]`` is nonzero)."""
+    if not isinstance(attention_mask_BS, torch.Tensor) or attention_mask_BS.dim() != 2:
+        got = getattr(attention_mask_BS, "shape", type(attention_mask_BS).__name__)
+        raise AlignmentError(f"attention_mask must be a [B, S] tensor; got {got}")
+    mask_BS = attention_mask_BS.to(torch.bool)
+    B, S = mask_BS.shape
+    pos_N = mask_BS.flatten().nonzero().squeeze(1)
+    rank_N = (mask_BS.cumsum(1) - 1).flatten()[pos_N]
+    return _fill(batch, pos_N, pos_N // S, rank_N, mask_BS.sum(1), B * S)
+
+
+def routes_for_packed(
+    batch: RouteBatch, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, L, K]`` routes and the ``[N]`` replay mask for sequences packed into one row:
+    ``position_ids`` (``[N]`` or ``[1, N]``) restarts at 0 where each sequence begins."""
+    if (
+        not isinstance(position_ids, torch.Tensor)
+        or position_ids.dim() not in (1, 2)
+        or (position_ids.dim() == 2 and position_ids.shape[0] != 1)
+        or position_ids.numel() == 0
+    ):
+        got = getattr(position_ids, "shape", type(position_ids).__name__)
+        raise AlignmentError(f"position_ids must be [N] or [1, N] (one packed row); got {got}")
+    pos_N = position_ids.flatten()
+    if int(pos_N[0]) != 0:
+        raise AlignmentError(f"packed position_ids must start at 0; got {int(pos_N[0])}")
+    starts = (pos_N == 0).nonzero().squeeze(1)
+    n = pos_N.numel()
+    seq_N = torch.cumsum(pos_N == 0, 0) - 1
+    rank_N = torch.arange(n, device=pos_N.device) - starts[seq_N]
+    tokens_B = torch.diff(starts, append=torch.tensor([n], device=starts.device))
+    return _fill(batch, torch.arange(n, device=pos_N.device), seq_N, rank_N, tokens_B, n)
+
+
+def _fill(
+    batch: RouteBatch,
+    pos_N: torch.Tensor,
+    seq_N: torch.Tensor,
+    rank_N: torch.Tensor,
+    tokens_B: torch.Tensor,
+    n: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(batch, RouteBatch):
+        raise AlignmentError(f"routes must be a rr_core.RouteBatch; got {type(batch).__name__}")
+    rows_B = batch.lengths.to(tokens_B.device)
+    if tokens_B.numel() != rows_B.numel():
+        raise AlignmentError(
+            f"the token layout holds {tokens_B.numel()} sequences; the route batch holds "
+            f"{rows_B.numel()}"
+        )
+    short_B = tokens_B - rows_B
+    bad_B = (short_B < 0) | (short_B > 1)
+    if bool(bad_B.any()):
+        b = int(bad_B.nonzero()[0])
+        raise AlignmentError(
+            f"sequence {b} has {int(tokens_B[b])} tokens but {int(rows_B[b])} route rows; "
+            "expected as many rows as tokens, or one fewer (the last sampled token is never "
+            "fed back); truncate the routes with the tokens (see `rr explain D7`)"
+        )
+    values_NLK = batch.values_NLK
+    take = rank_N < rows_B[seq_N]
+    source = (batch.offsets_B1[:-1].to(seq_N.device)[seq_N] + rank_N)[take]
+    target = pos_N[take]
+    routes_NLK = values_NLK.new_zeros((n, *values_NLK.shape[1:]))
+    routes_NLK[target] = values_NLK[source]
+    replay_N = torch.zeros(n, dtype=torch.bool, device=values_NLK.device)
+    replay_N[target] = batch.valid_N[source]
+    return routes_NLK, replay_N
+
+
+def arm_routes(
+    controller: ReplayController,
+    microbatch: object,
+    batch: RouteBatch,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+) -> None:
+    """Arm ``batch`` for one micro-batch laid out as the model will see it: padded
+    (``attention_mask`` [B, S]) or packed (``position_ids`` of one row); exactly one of them."""
+    if (attention_mask is None) == (position_ids is None):
+        raise AlignmentError(
+            "pass exactly one of attention_mask (a padded batch) or position_ids (a packed row)"
+        )
+    meta = getattr(batch, "meta", None)
+    sizes = (getattr(meta, "num_experts", None), getattr(meta, "top_k", None))
+    if sizes != (controller.num_experts, controller.top_k):
+        raise AlignmentError(
+            f"micro-batch {microbatch!r}: routes were captured with E={sizes[0]}, K={sizes[1]}; "
+            f"this model has E={controller.num_experts}, K={controller.top_k}"
+        )
+    if attention_mask is not None:
+        routes_NLK, replay_N = routes_for_padded(batch, attention_mask)
+    else:
+        assert position_ids is not None
+        routes_NLK, replay_N = routes_for_packed(batch, position_ids)
+    controller.arm(
+        microbatch,  # type: ignore[arg-type]
+        routes_NLK,
+        layer_numbers=batch.meta.layer_numbers,
+        replay_mask_T=replay_N,
+        validate=False,  # a RouteBatch is validated when it is built
+    )

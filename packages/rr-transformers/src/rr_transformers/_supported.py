@@ -1,0 +1,86 @@
+"""Every transformers fact of rr-transformers, as plain data with no imports: the supported
+range (``rr doctor`` reads ``SUPPORTED``, entry point ``rr.supported``), the MoE families rr
+knows with where their top-k step lives and how each computes its gate weights, and the
+releases the test sessions pin (the noxfile reads this file by path, so nox imports no torch).
+
+Why 5.0 is the floor: from 5.0 every family routes in a router module of its own (or, for the
+grouped families before 5.13, in one method of the MoE block) whose top-k call rr can route;
+4.x writes the top-k inline in each sparse block's ``forward``, which rr would have to copy.
+"""
+
+from __future__ import annotations
+
+SUPPORTED: dict[str, str] = {"transformers": ">=5.0,<5.25"}
+
+#: The pinned release of each test line (newest 5.x, and 5.0, the oldest with router modules).
+TRANSFORMERS_LINES: dict[str, str] = {"5.0": "5.0.0", "5.24": "5.24.0"}
+
+#: Per family (the text config's ``model_type``): the modeling module under
+#: ``transformers.models``, the router class, the config attributes holding E and K, and the
+#: router semantics as that family computes them (documentation, and what the tests check the
+#: family's own code against):
+#:   score: "softmax" | "sigmoid" (applied before the top-k) or "topk_softmax" (top-k on the
+#:   logits, softmax over the K kept); normalise: True, False or the config attribute that
+#:   decides; expert_bias: selection on score + e_score_correction_bias, weights without it;
+#:   group_limited: top-k only inside the best topk_group of n_group expert groups;
+#:   router_bias: the router's linear layer has a bias; scaling: config attribute multiplying
+#:   the weights; since: the first release that has the family.
+FAMILIES: dict[str, dict[str, object]] = {
+    "qwen3_moe": {
+        "module": "qwen3_moe", "router": "Qwen3MoeTopKRouter",
+        "experts": "num_experts", "top_k": "num_experts_per_tok",
+        "score": "softmax", "normalise": "norm_topk_prob",
+    },
+    "qwen3_next": {
+        "module": "qwen3_next", "router": "Qwen3NextTopKRouter",
+        "experts": "num_experts", "top_k": "num_experts_per_tok",
+        "score": "softmax", "normalise": "norm_topk_prob",
+    },
+    "qwen3_5_moe_text": {
+        "module": "qwen3_5_moe", "router": "Qwen3_5MoeTopKRouter",
+        "experts": "num_experts", "top_k": "num_experts_per_tok",
+        "score": "softmax", "normalise": True, "since": "5.2",
+    },
+    "qwen2_moe": {
+        "module": "qwen2_moe", "router": "Qwen2MoeTopKRouter",
+        "experts": "num_experts", "top_k": "num_experts_per_tok",
+        "score": "softmax", "normalise": "norm_topk_prob",
+    },
+    "olmoe": {
+        "module": "olmoe", "router": "OlmoeTopKRouter",
+        "experts": "num_experts", "top_k": "num_experts_per_tok",
+        "score": "softmax", "normalise": "norm_topk_prob",
+    },
+    "mixtral": {
+        "module": "mixtral", "router": "MixtralTopKRouter",
+        "experts": "num_local_experts", "top_k": "num_experts_per_tok",
+        "score": "softmax", "normalise": True,
+    },
+    "gpt_oss": {
+        "module": "gpt_oss", "router": "GptOssTopKRouter",
+        "experts": "num_local_experts", "top_k": "num_experts_per_tok",
+        "score": "topk_softmax", "normalise": False, "router_bias": True,
+    },
+    "deepseek_v3": {
+        "module": "deepseek_v3", "router": "DeepseekV3TopkRouter", "block": "DeepseekV3MoE",
+        "experts": "n_routed_experts", "top_k": "num_experts_per_tok",
+        "score": "sigmoid", "normalise": "norm_topk_prob", "expert_bias": True,
+        "group_limited": True, "scaling": "routed_scaling_factor",
+    },
+    "glm4_moe": {
+        "module": "glm4_moe", "router": "Glm4MoeTopkRouter", "block": "Glm4MoeMoE",
+        "experts": "n_routed_experts", "top_k": "num_experts_per_tok",
+        "score": "sigmoid", "normalise": "norm_topk_prob", "expert_bias": True,
+        "group_limited": True, "scaling": "routed_scaling_factor",
+    },
+}  # fmt: skip
+
+#: Releases where the grouped families (those with a "block") select experts in the MoE block's
+#: ``route_tokens_to_experts(router_logits)`` and the router returns logits only; from 5.13 the
+#: router's ``forward`` selects, as in every other family.
+ROUTE_IN_BLOCK: str = "<5.13"
+ROUTE_IN_BLOCK_METHOD = "route_tokens_to_experts"
+
+#: What the test sessions install beside the pinned transformers (its own requirements resolve
+#: from PyPI; torch is constrained to the local CPU build).
+TEST_DEPS: tuple[str, ...] = ("pytest", "pytest-xdist", "hypothesis")

@@ -1,0 +1,97 @@
+"""What the tests read off a real transformers model: the expert ids and gate weights each
+MoE block's experts actually received, and the reference router arithmetic per family."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from rr_transformers import KNOWN_FAMILIES, Family, installed_transformers_version
+from rr_transformers._families import text_config
+
+VERSION = installed_transformers_version()
+assert VERSION is not None
+FAMILIES = sorted(name for name, f in KNOWN_FAMILIES.items() if f.available(VERSION))
+
+
+@contextmanager
+def expert_inputs(model: nn.Module) -> Iterator[dict[int, list[tuple[torch.Tensor, torch.Tensor]]]]:
+    """Per decoder layer (1-based), every (ids_TK, weights_TK) its experts module received."""
+    seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    handles = []
+    for index, layer in enumerate(model.get_decoder().layers):
+        for module in layer.modules():
+            experts = getattr(module, "experts", None)
+            if isinstance(experts, nn.Module):
+
+                def hook(_m, args, kwargs, layer=index + 1):
+                    ids, weights = (list(args[1:3]) + [None, None])[:2]
+                    ids = kwargs.get("top_k_index", kwargs.get("router_indices", ids))
+                    weights = kwargs.get("top_k_weights", kwargs.get("routing_weights", weights))
+                    seen.setdefault(layer, []).append((ids.detach(), weights))
+
+                handles.append(experts.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def router_inputs(model: nn.Module, family: Family) -> Iterator[dict[int, torch.Tensor]]:
+    """Per decoder layer, the hidden states its router received (last call)."""
+    seen: dict[int, torch.Tensor] = {}
+    handles = []
+    cls = family.router_class()
+    for index, layer in enumerate(model.get_decoder().layers):
+        for module in layer.modules():
+            if type(module) is cls:
+
+                def hook(_m, args, layer=index + 1):
+                    seen[layer] = args[0].detach()
+
+                handles.append(module.register_forward_pre_hook(hook))
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def routers(model: nn.Module, family: Family) -> dict[int, nn.Module]:
+    cls = family.router_class()
+    out = {}
+    for index, layer in enumerate(model.get_decoder().layers):
+        for module in layer.modules():
+            if type(module) is cls:
+                out[index + 1] = module
+    return out
+
+
+def reference_weights(
+    family: Family, model: nn.Module, router: nn.Module, hidden: torch.Tensor, ids_TK: torch.Tensor
+) -> torch.Tensor:
+    """The gate weights the family's documented semantics give for experts ``ids_TK``, from the
+    router's own weights: written here from the semantics in rr_transformers._supported, so a
+    family whose code does something else fails the test."""
+    config = text_config(model.config)
+    h = hidden.reshape(-1, hidden.shape[-1]).float()
+    logits = nn.functional.linear(h, router.weight.float(), getattr(router, "bias", None))
+    ids = ids_TK.long()
+    if family.score == "topk_softmax":
+        return torch.softmax(logits.gather(1, ids), dim=-1)
+    scores = torch.softmax(logits, -1) if family.score == "softmax" else torch.sigmoid(logits)
+    weights = scores.gather(1, ids)
+    if family.normalises(config):
+        weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if family.expert_bias else 0))
+    if family.scaling:
+        weights = weights * getattr(config, family.scaling)
+    return weights
+
+
+def same_sets(a_TK: torch.Tensor, b_TK: torch.Tensor) -> bool:
+    return bool(torch.equal(a_TK.long().sort(-1).values, b_TK.long().sort(-1).values))

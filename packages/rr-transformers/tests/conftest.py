@@ -1,0 +1,25 @@
+"""Shared fixtures: no leaked attachments, and rr's hooks removed after every test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import rr_transformers
+from rr_fakes.pytest_support import _no_leaked_attachments  # noqa: F401 (autouse fixture)
+
+
+@pytest.fixture(autouse=True)
+def _hooks_removed() -> Iterator[None]:
+    """Fail a test that leaves rr's router hooks installed (the next test may expect none)."""
+    yield
+    left = rr_transformers.uninstall()
+    assert left == 0, f"test left {left} router hooks installed; call rr_transformers.uninstall()"
+
+
+@pytest.fixture
+def hooks() -> Iterator[None]:
+    rr_transformers.install()
+    yield
+    rr_transformers.uninstall()
