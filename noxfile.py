@@ -20,12 +20,16 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "core", "vllm", "megatron", "distributed", "npu", "verl"]
+nox.options.sessions = [
+    "lint", "core", "vllm", "megatron", "distributed", "npu", "verl", "transformers"
+]  # fmt: skip
 
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
 TORCH = "torch==2.13.0"
-ALL_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes", "rr-demo")
+ALL_PACKAGES = (
+    "rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-transformers", "rr-fakes", "rr-demo"
+)  # fmt: skip
 # xdist by default; a fixed hypothesis seed so a gate run is reproducible (run pytest directly,
 # or pass posargs, to explore new examples).
 PYTEST_DEFAULTS = ["-n", "auto", "-q", "--hypothesis-seed=0"]
@@ -47,6 +51,10 @@ MEGATRON_TESTS = [
 VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
 # The megatron-core lines the npu session runs (those MindSpeed users run).
 NPU_DATA = runpy.run_path(str(PACKAGES / "rr-npu" / "src" / "rr_npu" / "_supported.py"))
+# The transformers releases the transformers session pins, one per line.
+TRANSFORMERS_DATA = runpy.run_path(
+    str(PACKAGES / "rr-transformers" / "src" / "rr_transformers" / "_supported.py")
+)
 
 
 def session(**kwargs: Any) -> Callable[[Callable[..., None]], object]:
@@ -267,7 +275,8 @@ def megatron(session: nox.Session, line: str) -> None:
         "print(*(f'{d}=={m.version(d)}' for d in ('torch', 'megatron-core')))",
     )
     args = session.posargs or PYTEST_DEFAULTS
-    session.run("pytest", *selection(MEGATRON_TESTS, DISTRIBUTED_TESTS, *VERL_TESTS), *args)
+    leave_out = (DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST)
+    session.run("pytest", *selection(MEGATRON_TESTS, *leave_out), *args)
 
 
 DISTRIBUTED_LINES = (next(iter(MEGATRON_LINES)), list(MEGATRON_LINES)[-1])  # oldest, newest
@@ -367,6 +376,38 @@ def verl(session: nox.Session) -> None:
         session.run(
             "pytest",
             str(VERL_DISTRIBUTED_TEST),
+            "-q",
+            "-p",
+            "no:xdist",
+            env={"RR_DISTRIBUTED": "1"},
+        )
+
+
+TRANSFORMERS_LINES: dict[str, str] = TRANSFORMERS_DATA["TRANSFORMERS_LINES"]
+TRANSFORMERS_DEMO_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_transformers.py"
+TRANSFORMERS_TESTS = [PACKAGES / "rr-transformers" / "tests", TRANSFORMERS_DEMO_TEST]
+TRANSFORMERS_DISTRIBUTED_TESTS = PACKAGES / "rr-transformers" / "tests" / "distributed"
+
+
+@session(python="3.11")
+@nox.parametrize("line", list(TRANSFORMERS_LINES), ids=list(TRANSFORMERS_LINES))
+def transformers(session: nox.Session, line: str) -> None:
+    """Real transformers MoE models on CPU, one pinned release per line: every family's record /
+    replay, R3 from decoded rollouts, checkpointing, FSDP2 on two gloo processes, the demo."""
+    install_with_torch(
+        session, f"transformers=={TRANSFORMERS_LINES[line]}", *TRANSFORMERS_DATA["TEST_DEPS"]
+    )
+    install_with_torch(session, "--no-deps", *editable("rr-demo"))  # no megatron: not its path
+    install_with_torch(
+        session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]")
+    )
+    report_versions(session)
+    args = session.posargs or PYTEST_DEFAULTS
+    session.run("pytest", *selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS), *args)
+    if not session.posargs:  # each distributed test already runs two ranks
+        session.run(
+            "pytest",
+            str(TRANSFORMERS_DISTRIBUTED_TESTS),
             "-q",
             "-p",
             "no:xdist",

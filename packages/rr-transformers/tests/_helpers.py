@@ -28,7 +28,7 @@ def expert_inputs(model: nn.Module) -> Iterator[dict[int, list[tuple[torch.Tenso
             if isinstance(experts, nn.Module):
 
                 def hook(_m, args, kwargs, layer=index + 1):
-                    ids, weights = (list(args[1:3]) + [None, None])[:2]
+                    ids, weights = [*args[1:3], None, None][:2]
                     ids = kwargs.get("top_k_index", kwargs.get("router_indices", ids))
                     weights = kwargs.get("top_k_weights", kwargs.get("routing_weights", weights))
                     seen.setdefault(layer, []).append((ids.detach(), weights))

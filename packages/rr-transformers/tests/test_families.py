@@ -70,9 +70,12 @@ def test_replay_forces_recorded_sets_with_the_trainers_own_weights(model_type):
         perturb_routers(model)
         controller.set_mode(ReplayMode.REPLAY)
         controller.arm(0, recorded, layer_numbers=attachment.layer_numbers)
-        with expert_inputs(model) as seen, router_inputs(model, family) as hidden:
-            with controller.microbatch(0):
-                out = model(ids).logits
+        with (
+            expert_inputs(model) as seen,
+            router_inputs(model, family) as hidden,
+            controller.microbatch(0),
+        ):
+            out = model(ids).logits
         out.float().square().mean().backward()
         report = controller.end_step()
     finally:
@@ -80,7 +83,7 @@ def test_replay_forces_recorded_sets_with_the_trainers_own_weights(model_type):
     assert sorted(seen) == list(attachment.layer_numbers)
     by_router = routers(model, family)
     for slot, layer in enumerate(attachment.layer_numbers):
-        (ids_TK, weights_TK), = seen[layer]
+        ((ids_TK, weights_TK),) = seen[layer]
         assert same_sets(ids_TK, recorded[:, slot]), f"layer {layer}"
         expected = reference_weights(family, model, by_router[layer], hidden[layer], ids_TK)
         if weights_TK.shape[-1] == NUM_EXPERTS:  # a [T, E] scatter of the K weights
@@ -111,7 +114,7 @@ def test_rows_outside_the_replay_mask_route_natively(model_type):
     finally:
         controller.detach()
     for slot, layer in enumerate(attachment.layer_numbers):
-        (ids_TK, _), = seen[layer]
+        ((ids_TK, _),) = seen[layer]
         assert same_sets(ids_TK[mask_T], recorded[mask_T, slot])
         assert same_sets(ids_TK[~mask_T], native[~mask_T, slot])
     assert family.model_type == model_type

@@ -24,31 +24,41 @@ _COMMON: dict[str, Any] = {
 
 _QWEN_NEXT: dict[str, Any] = {
     "num_experts": NUM_EXPERTS, "moe_intermediate_size": 16, "norm_topk_prob": True,
-    "shared_expert_intermediate_size": 16, "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+    "shared_expert_intermediate_size": 16,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention"],
     "linear_num_value_heads": 2, "linear_num_key_heads": 2, "linear_key_head_dim": 8,
     "linear_value_head_dim": 8, "linear_conv_kernel_dim": 2,
 }  # fmt: skip
 
+_GROUPED: dict[str, Any] = {
+    "n_routed_experts": NUM_EXPERTS, "moe_intermediate_size": 16, "n_shared_experts": 1,
+    "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1, "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}  # fmt: skip
+
 #: Per family (the text config's model_type): what it adds to the common sizes.
 FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
-    "qwen3_moe": {"num_experts": NUM_EXPERTS, "moe_intermediate_size": 16, "norm_topk_prob": True, "mlp_only_layers": [0]},
+    "qwen3_moe": {
+        "num_experts": NUM_EXPERTS, "moe_intermediate_size": 16, "norm_topk_prob": True,
+        "mlp_only_layers": [0],
+    },
     "qwen3_next": {**_QWEN_NEXT, "mlp_only_layers": [0]},
     "qwen3_5_moe_text": _QWEN_NEXT,
-    "qwen2_moe": {"num_experts": NUM_EXPERTS, "moe_intermediate_size": 16, "norm_topk_prob": False, "shared_expert_intermediate_size": 16, "mlp_only_layers": [0]},
+    "qwen2_moe": {
+        "num_experts": NUM_EXPERTS, "moe_intermediate_size": 16, "norm_topk_prob": False,
+        "shared_expert_intermediate_size": 16, "mlp_only_layers": [0],
+    },
     "olmoe": {"num_experts": NUM_EXPERTS, "norm_topk_prob": False},
     "mixtral": {"num_local_experts": NUM_EXPERTS},
-    "gpt_oss": {"num_local_experts": NUM_EXPERTS, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "sliding_window": 8},
+    "gpt_oss": {
+        "num_local_experts": NUM_EXPERTS, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    },
     "deepseek_v3": {
-        "n_routed_experts": NUM_EXPERTS, "moe_intermediate_size": 16, "n_shared_experts": 1,
-        "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1, "norm_topk_prob": True,
-        "routed_scaling_factor": 2.5, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16,
+        **_GROUPED, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16,
         "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "rope_interleave": True,
     },
-    "glm4_moe": {
-        "n_routed_experts": NUM_EXPERTS, "moe_intermediate_size": 16, "n_shared_experts": 1,
-        "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1, "norm_topk_prob": True,
-        "routed_scaling_factor": 2.5, "partial_rotary_factor": 0.5,
-    },
+    "glm4_moe": {**_GROUPED, "partial_rotary_factor": 0.5},
 }  # fmt: skip
 
 
@@ -65,17 +75,20 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
     return config
 
 
-def routers_of(model: nn.Module) -> list[nn.Module]:
+def routers_of(model: nn.Module) -> list[Any]:
     """Every module whose class name ends in Router (the families' router modules)."""
     return [m for m in model.modules() if type(m).__name__.lower().endswith("router")]
 
 
-def tiny_model(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
-    """A seeded tiny ``AutoModelForCausalLM`` of ``model_type``, routers spread out, in eval mode."""
+def tiny_model(
+    model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+) -> Any:
+    """A seeded tiny ``AutoModelForCausalLM`` of ``model_type``, routers spread, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=dtype)
+    auto: Any = AutoModelForCausalLM  # untyped where transformers is installed, Any elsewhere
+    model = auto.from_config(tiny_config(model_type, **overrides), dtype=dtype)
     with torch.no_grad():
         for router in routers_of(model):
             router.weight.normal_(0.0, 0.5)

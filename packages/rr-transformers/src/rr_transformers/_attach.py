@@ -64,7 +64,11 @@ def _routers(model: nn.Module, family: Family) -> list[tuple[int, nn.Module]]:
     found = []
     for index, layer in enumerate(decoder_layers(model)):
         routers = [m for m in layer.modules() if type(m) is router_class]
-        blocks = [name for name, m in layer.named_modules() if isinstance(getattr(m, "experts", None), nn.Module)]
+        blocks = [
+            name
+            for name, m in layer.named_modules()
+            if isinstance(getattr(m, "experts", None), nn.Module)
+        ]
         if len(routers) > 1:
             raise WalkError(f"decoder layer {index} holds {len(routers)} {family.router}s")
         if blocks and not routers:
@@ -98,9 +102,7 @@ def attach(
     if not isinstance(model, nn.Module):
         raise WalkError(f"attach takes a transformers PreTrainedModel; got {type(model).__name__}")
     if not isinstance(controller, ReplayController):
-        raise WalkError(
-            f"attach takes a rr_core.ReplayController; got {type(controller).__name__}"
-        )
+        raise WalkError(f"attach takes a rr_core.ReplayController; got {type(controller).__name__}")
     version = checked_version()
     family = family_of(model, version)
     config = text_config(model.config)
@@ -126,5 +128,3 @@ def attach(
 def detach(controller: ReplayController) -> None:
     """Release the controller's routers (they route natively again)."""
     controller.detach()
-
-

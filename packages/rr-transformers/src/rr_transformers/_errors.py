@@ -1,4 +1,5 @@
-"""rr-transformers' errors: each an :class:`rr_core.RRError` naming what came and what was expected."""
+"""rr-transformers' errors: each an :class:`rr_core.RRError` naming what came and what was
+expected."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def family_of(model: Any, version: Version) -> Family:
         raise UnknownFamilyError(
             f"{type(model).__name__} (model_type {model_type!r}) is not an MoE family whose "
             f"router semantics rr knows; known: {known}. rr refuses rather than leave its "
-            "routers routing natively under replay"
+            "routers routing natively under replay (see `rr explain B3`)"
         )
     if not family.available(version):
         raise UnknownFamilyError(

@@ -51,12 +51,15 @@ class _RoutedCall:
                 f"in one forward (expected 1, over [T, E={controller.num_experts}] with k="
                 f"{controller.top_k}): the {self.family.model_type} routing code that ran is "
                 f"not the one rr hooks in transformers {checked_version()} (a hub kernel or "
-                "another patch replaced it), so replay cannot be applied"
+                "another patch replaced it), so replay cannot be applied; see `rr explain B3`"
             )
         return result
 
 
-class RouterTopkProxy(wrapt.FunctionWrapper):  # type: ignore[misc]
+_FunctionWrapper: Any = wrapt.FunctionWrapper  # subclassed: typed in some wrapt releases only
+
+
+class RouterTopkProxy(_FunctionWrapper):  # type: ignore[misc]
     """rr's wrapper of one family's routing function (``Router.forward``, or the MoE block's
     ``route_tokens_to_experts`` where that selects)."""
 
@@ -65,8 +68,8 @@ class RouterTopkProxy(wrapt.FunctionWrapper):  # type: ignore[misc]
 
     @property
     def family(self) -> Family:
-        family: Family = self._self_wrapper.family
-        return family
+        wrapper: _RoutedCall = self._self_wrapper
+        return wrapper.family
 
 
 def _sites(version: Version) -> list[tuple[Family, type, str, bool]]:

@@ -42,11 +42,11 @@ _FRAMES = _Frames()
 
 
 def _topk(
-    input: torch.Tensor,  # noqa: A002 (torch.topk's own parameter names)
+    input: torch.Tensor,  # torch.topk's own parameter names
     k: int,
     dim: int = -1,
     largest: bool = True,
-    sorted: bool = True,  # noqa: A002
+    sorted: bool = True,
     *,
     out: Any = None,
 ) -> Any:
@@ -87,7 +87,9 @@ class _Globals(dict[str, Any]):
     module's own dict, so later changes there stay visible."""
 
     def __init__(self, module_globals: dict[str, Any]) -> None:
-        super().__init__(torch=_TORCH_VIEW, __builtins__=module_globals.get("__builtins__", builtins))
+        super().__init__(
+            torch=_TORCH_VIEW, __builtins__=module_globals.get("__builtins__", builtins)
+        )
         self._module_globals = module_globals
 
     def __missing__(self, key: str) -> Any:

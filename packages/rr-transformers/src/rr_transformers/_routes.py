@@ -12,6 +12,8 @@ Shapes: B sequences, S padded length, N tokens the routers see, L layer slots, K
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 
 from rr_core import AlignmentError, ReplayController, RouteBatch
@@ -94,7 +96,7 @@ def _fill(
 
 def arm_routes(
     controller: ReplayController,
-    microbatch: object,
+    microbatch: Hashable,
     batch: RouteBatch,
     *,
     attention_mask: torch.Tensor | None = None,
@@ -119,7 +121,7 @@ def arm_routes(
         assert position_ids is not None
         routes_NLK, replay_N = routes_for_packed(batch, position_ids)
     controller.arm(
-        microbatch,  # type: ignore[arg-type]
+        microbatch,
         routes_NLK,
         layer_numbers=batch.meta.layer_numbers,
         replay_mask_T=replay_N,

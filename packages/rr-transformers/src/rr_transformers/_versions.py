@@ -20,10 +20,9 @@ def installed_transformers_version() -> Version | None:
         return None
 
 
-@functools.cache
-def checked_version() -> Version:
-    """The installed release, or :class:`TransformersVersionError` naming it and the range."""
-    version, supported = installed_transformers_version(), SUPPORTED["transformers"]
+def check_transformers_version(version: Version | None) -> Version:
+    """``version`` if rr supports it, else :class:`TransformersVersionError` naming it."""
+    supported = SUPPORTED["transformers"]
     if version is None:
         raise TransformersVersionError(
             f"transformers is not installed; rr-transformers supports transformers{supported} "
@@ -36,6 +35,12 @@ def checked_version() -> Version:
             "module to route through); newer releases are untested. Install a supported release"
         )
     return version
+
+
+@functools.cache
+def checked_version() -> Version:
+    """The installed release, checked once (:func:`check_transformers_version`)."""
+    return check_transformers_version(installed_transformers_version())
 
 
 def routes_in_block(version: Version) -> bool:

@@ -13,8 +13,10 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-RR_PACKAGES = ("rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-fakes", "rr-demo")
-DEPENDENCIES = ("torch", "numpy", "megatron-core", "vllm", "torch-npu", "mindspeed")
+RR_PACKAGES = (
+    "rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-transformers", "rr-fakes", "rr-demo"
+)  # fmt: skip
+DEPENDENCIES = ("torch", "numpy", "megatron-core", "vllm", "transformers", "torch-npu", "mindspeed")
 SUPPORTED_GROUP = "rr.supported"
 #: Packages add a view of their own to the report: ``section() -> (data, text)``.
 SECTIONS_GROUP = "rr.doctor"

@@ -1,0 +1,56 @@
+"""The ``rr doctor`` section of rr-transformers: the installed release against the supported
+range, and which families rr replays in it, with where each one's top-k step is hooked. Reads
+package metadata and the data module only; transformers is not imported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+
+from rr_transformers._supported import (
+    FAMILIES,
+    ROUTE_IN_BLOCK,
+    ROUTE_IN_BLOCK_METHOD,
+    SUPPORTED,
+    TRANSFORMERS_LINES,
+)
+from rr_transformers._versions import installed_transformers_version
+
+
+def transformers_report() -> dict[str, Any]:
+    version = installed_transformers_version()
+    supported = SUPPORTED["transformers"]
+    families: dict[str, str | None] = {}
+    for name, data in FAMILIES.items():
+        if version is None or version not in SpecifierSet(f">={data.get('since', '5.0')}"):
+            families[name] = None
+        elif "block" in data and version in SpecifierSet(ROUTE_IN_BLOCK):
+            families[name] = f"{data['block']}.{ROUTE_IN_BLOCK_METHOD}"
+        else:
+            families[name] = f"{data['router']}.forward"
+    return {
+        "transformers": None if version is None else str(version),
+        "supported": supported,
+        "ok": None if version is None else version in SpecifierSet(supported),
+        "tested_lines": dict(TRANSFORMERS_LINES),
+        "families": families,
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    if report["transformers"] is None:
+        return f"transformers  not installed (supported {report['supported']})"
+    verdict = "ok" if report["ok"] else "OUTSIDE THE SUPPORTED RANGE: attach refuses"
+    lines = [
+        f"transformers  {report['transformers']}  (supported {report['supported']}): {verdict}"
+    ]
+    for name, site in report["families"].items():
+        lines.append(f"  {name:<18} {site or 'not in this release'}")
+    return "\n".join(lines)
+
+
+def doctor_section() -> tuple[dict[str, Any], str]:
+    """This view as a section of ``rr doctor`` (entry point ``rr.doctor``)."""
+    report = transformers_report()
+    return report, render(report)
