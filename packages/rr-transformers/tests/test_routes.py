@@ -182,6 +182,18 @@ def test_position_ids_must_start_at_zero():
         routes_for_packed(_simple_batch([3]), torch.tensor([[2, 3, 4]]))
 
 
+@pytest.mark.xfail(strict=True, reason="routes_for_packed reads position_ids of any dtype")
+@pytest.mark.parametrize(
+    "pos",
+    [torch.tensor([0.0, 0.5, 2.0]), torch.tensor([False, True, True])],
+    ids=["float", "bool"],
+)
+def test_position_ids_must_be_integer(pos):
+    """0.5 or True is no position: such ids are a caller's mix-up, never one packed row."""
+    with pytest.raises(AlignmentError, match="position_ids must be integer; got torch"):
+        routes_for_packed(_simple_batch([3]), pos)
+
+
 def test_routes_must_be_a_route_batch():
     with pytest.raises(AlignmentError, match=r"must be a rr_core\.RouteBatch; got Tensor"):
         routes_for_padded(torch.zeros(3, 2, 2), torch.ones(1, 3))  # type: ignore[arg-type]
@@ -269,6 +281,16 @@ def test_arm_routes_takes_exactly_one_layout():
             arm_routes(
                 controller, 0, batch, attention_mask=torch.ones(1, 3), position_ids=torch.arange(3)
             )
+    finally:
+        controller.detach()
+
+
+@pytest.mark.xfail(strict=True, reason="arm_routes reports E=None, K=None for a non-RouteBatch")
+def test_arm_routes_takes_a_route_batch():
+    controller, _ = _controller((1, 2))
+    try:
+        with pytest.raises(AlignmentError, match=r"must be a rr_core\.RouteBatch; got Tensor"):
+            arm_routes(controller, 0, torch.zeros(3, 2, 2), attention_mask=torch.ones(1, 3))
     finally:
         controller.detach()
 
