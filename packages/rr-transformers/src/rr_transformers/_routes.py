@@ -47,6 +47,12 @@ def routes_for_packed(
     ):
         got = getattr(position_ids, "shape", type(position_ids).__name__)
         raise AlignmentError(f"position_ids must be [N] or [1, N] (one packed row); got {got}")
+    if (
+        position_ids.dtype == torch.bool
+        or position_ids.is_floating_point()
+        or position_ids.is_complex()
+    ):
+        raise AlignmentError(f"position_ids must be an integer tensor; got {position_ids.dtype}")
     pos_N = position_ids.flatten()
     if int(pos_N[0]) != 0:
         raise AlignmentError(f"packed position_ids must start at 0; got {int(pos_N[0])}")
@@ -108,8 +114,9 @@ def arm_routes(
         raise AlignmentError(
             "pass exactly one of attention_mask (a padded batch) or position_ids (a packed row)"
         )
-    meta = getattr(batch, "meta", None)
-    sizes = (getattr(meta, "num_experts", None), getattr(meta, "top_k", None))
+    if not isinstance(batch, RouteBatch):
+        raise AlignmentError(f"routes must be a rr_core.RouteBatch; got {type(batch).__name__}")
+    sizes = (batch.meta.num_experts, batch.meta.top_k)
     if sizes != (controller.num_experts, controller.top_k):
         raise AlignmentError(
             f"micro-batch {microbatch!r}: routes were captured with E={sizes[0]}, K={sizes[1]}; "
