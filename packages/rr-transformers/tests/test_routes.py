@@ -189,7 +189,7 @@ def test_position_ids_must_start_at_zero():
 )
 def test_position_ids_must_be_integer(pos):
     """0.5 or True is no position: such ids are a caller's mix-up, never one packed row."""
-    with pytest.raises(AlignmentError, match="position_ids must be integer; got torch"):
+    with pytest.raises(AlignmentError, match="position_ids must be an integer tensor; got torch"):
         routes_for_packed(_simple_batch([3]), pos)
 
 
