@@ -1,4 +1,5 @@
-"""``rr demo``: the main job end to end on CPU (real megatron-core, emulated engine).
+"""``rr demo``: the main job end to end on CPU (real megatron-core or transformers, emulated
+engine).
 
 Registered through rr-demo's ``rr.commands`` entry point. Nothing heavy is imported until the
 command runs, so ``rr --help`` and ``rr doctor`` stay fast.
@@ -23,8 +24,12 @@ from rr_core.cli.plots import plot_problem as check_plot_path
 
 def render(result: Any) -> str:
     """The figures as a table."""
+    if result.backend == "transformers":
+        trainer = ("transformers", result.transformers_version, result.model_type)
+    else:
+        trainer = ("megatron-core", result.megatron_core_version, "")
     rows = [
-        ("megatron-core", result.megatron_core_version, ""),
+        trainer,
         ("rollout objects", result.vllm_objects, "real vllm when importable"),
         ("", "without replay", "with R3 replay"),
         (
@@ -166,6 +171,10 @@ def _run(args: argparse.Namespace) -> int:
         if problem:
             print(f"rr demo: {problem}", file=sys.stderr)
             return 2
+    problem = backend_problem(args)
+    if problem:
+        print(f"rr demo: {problem}", file=sys.stderr)
+        return 2
     stages = 6
     screen = sys.stderr  # the bar keeps the real terminal while library output is captured
     with tqdm(total=stages, desc="rr demo", unit="stage", disable=args.json, file=screen) as bar:
@@ -180,9 +189,13 @@ def _run(args: argparse.Namespace) -> int:
         held = _Captured()
         try:
             with captured() as held:
-                from rr_demo.run import DemoConfig, run_demo
+                from rr_demo.run import DemoConfig, TransformersDemoConfig, run_demo
 
-                result = run_demo(DemoConfig(), progress=progress)
+                cfg: DemoConfig | TransformersDemoConfig = DemoConfig()
+                if args.backend == "transformers":
+                    chosen = {} if args.family is None else {"family": args.family}
+                    cfg = TransformersDemoConfig(**chosen)
+                result = run_demo(cfg, progress=progress)
         except BaseException:
             bar.close()
             _show(held, verbose=True)  # the messages may say why it failed
@@ -205,9 +218,40 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if result.mismatch_with_replay == 0.0 else 1
 
 
+def backend_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--backend`` / ``--family`` cannot run, checked before the run."""
+    if args.backend != "transformers":
+        return None if args.family is None else "--family needs --backend transformers"
+    hint = "pip install 'rr-demo[transformers]'"
+    try:
+        from rr_demo.transformers_run import demo_families
+
+        families = demo_families()
+    except ImportError as exc:
+        return f"--backend transformers needs rr-transformers and transformers ({exc}); {hint}"
+    if not families:
+        return f"--backend transformers needs transformers; {hint}"
+    if args.family is not None and args.family not in families:
+        return f"--family {args.family}: no demo model; choose one of {', '.join(families)}"
+    return None
+
+
 def register(commands: Any) -> None:
     """Add ``rr demo`` to the ``rr`` command (entry point ``rr.commands``)."""
-    parser = commands.add_parser("demo", help="replay a rollout in real Megatron on CPU")
+    parser = commands.add_parser(
+        "demo", help="replay a rollout in a real Megatron or transformers model on CPU"
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("megatron", "transformers"),
+        default="megatron",
+        help="the trainer: real megatron-core (default) or a transformers MoE model",
+    )
+    parser.add_argument(
+        "--family",
+        metavar="MODEL_TYPE",
+        help="with --backend transformers: the MoE family (default qwen3_moe)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--plot", metavar="PNG", help="write the per-layer mismatch plot")
     parser.add_argument(

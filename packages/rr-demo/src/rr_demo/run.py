@@ -1,9 +1,13 @@
 """The main job end to end on CPU: roll out with an emulated engine, capture routes as vLLM
-returns them, decode, compress and store them, then run the real Megatron trainer without and
-with R3 replay and measure what changed.
+returns them, decode, compress and store them, then run a real trainer without and with R3
+replay and measure what changed.
 
-Shapes: B sequences, S padded length, T tokens, L layer slots (all layers), M MoE layers,
-K top-k, E experts, V vocabulary.
+The chain and its figures are the same for every trainer; a backend (Megatron in
+:mod:`rr_demo.megatron_run`, transformers in :mod:`rr_demo.transformers_run`) builds the model
+and says how it runs a forward, how routes are armed for it and which experts it used.
+
+Shapes: B sequences, S padded length, T tokens, L layer slots (all layers), K top-k,
+E experts, V vocabulary.
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -21,7 +26,7 @@ from torch import nn
 from rr_core import (
     CODECS,
     ReplayController,
-    ReplayMode,
+    RouteBatch,
     RouteMeta,
     encode_routes,
     load_routes,
@@ -29,34 +34,52 @@ from rr_core import (
 )
 from rr_fakes import Rollout, RolloutEmulator
 from rr_fakes.engines import VllmEra
-from rr_fakes.megatron import RECOMPUTE, route_log, train_step
+
+Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True, kw_only=True)
-class DemoConfig:
-    """A small MoE: dense first layer, 16 experts, top-4; a batch of sampled rollouts."""
-
-    num_layers: int = 6
-    num_experts: int = 16
-    top_k: int = 4
-    hidden_size: int = 64
-    vocab_size: int = 128
+class _Sampling:
     batch: int = 8
     prompt_length: int = 10
     new_tokens: int = 12
     noise: float = 0.006  # std of the engine's router-score perturbation (kernel numerics)
     seed: int = 7
 
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig(_Sampling):
+    """Megatron: a small GPTModel, dense first layer, 16 experts, top-4; sampled rollouts."""
+
+    num_layers: int = 6
+    num_experts: int = 16
+    top_k: int = 4
+    hidden_size: int = 64
+    vocab_size: int = 128
+
     @property
     def moe_layer_freq(self) -> list[int]:
         return [0] + [1] * (self.num_layers - 1)
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
+class TransformersDemoConfig(_Sampling):
+    """transformers: a tiny random-initialised model of ``family`` (a model_type of
+    ``rr_fakes.hf_models.FAMILY_CONFIGS``); its routers score in the family's own units
+    (probabilities, sigmoid scores or logits), so the engine noise is larger."""
+
+    family: str = "qwen3_moe"
+    noise: float = 0.02
+
+
+@dataclass(kw_only=True)
 class DemoResult:
     """The figures the demo reports (``--json`` prints them)."""
 
-    megatron_core_version: str
+    backend: str = "megatron"
+    megatron_core_version: str | None = None  # the megatron backend
+    transformers_version: str | None = None  # the transformers backend
+    model_type: str | None = None  # the transformers family
     vllm_objects: str
     mismatch_without_replay: float
     mismatch_with_replay: float
@@ -73,28 +96,151 @@ class DemoResult:
     seconds: float = 0.0
 
 
-def _logits(model: nn.Module, ids_BS: torch.Tensor) -> torch.Tensor:
-    positions_BS = torch.arange(ids_BS.shape[1]).expand_as(ids_BS)
-    out: torch.Tensor = model(ids_BS, positions_BS, attention_mask=None)
-    return out  # [B, S, V]
+@dataclass(frozen=True)
+class Padded:
+    """The rollouts as the trainer's micro-batch: right-padded tokens ``[B, S]``, their
+    attention mask, routes ``[B, S, L, K]`` with their validity ``[B, S]`` (the last token of
+    each sequence and padding have none), and the decoded batch itself."""
+
+    ids_BS: torch.Tensor
+    mask_BS: torch.Tensor
+    routes_BSLK: torch.Tensor
+    valid_BS: torch.Tensor
+    batch: RouteBatch
 
 
-def _rollouts(model: nn.Module, cfg: DemoConfig) -> tuple[list[Rollout], list[torch.Tensor]]:
+class Trainer(Protocol):
+    """What the chain needs from a backend once its model is built."""
+
+    model: nn.Module
+    num_experts: int
+    top_k: int
+    vocab_size: int
+    num_layers: int  # the all-layers axis
+
+    def forward(self, model: nn.Module, ids_1S: torch.Tensor) -> torch.Tensor:
+        """Logits ``[1, S, V]`` of one unpadded sequence (the engine's forward)."""
+        ...
+
+    def attach_recorder(self, recorder: ReplayController, model: nn.Module) -> tuple[int, ...]:
+        """Give the engine's recorder the routers; returns their layer numbers."""
+        ...
+
+    def trainer_forward(
+        self, padded: Padded, *, replay: bool
+    ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+        """No-grad forward over the batch, R3 armed or not: per MoE layer the experts each
+        token was sent to (bool ``[B, S, E]``, read from the model), and logits ``[B, S, V]``."""
+        ...
+
+    def train_step(self, padded: Padded) -> float:
+        """One forward + backward under R3 replay with activation recompute; the loss."""
+        ...
+
+    def versions(self) -> dict[str, str]:
+        """The DemoResult fields naming the trainer (its library version, the model)."""
+        ...
+
+
+def run_demo(
+    cfg: DemoConfig | TransformersDemoConfig = DemoConfig(),
+    *,
+    progress: Progress = lambda stage: None,
+) -> DemoResult:
+    """Every stage of the demo; ``progress`` is called with each stage's name as it starts.
+    A :class:`TransformersDemoConfig` runs it on a transformers model (no megatron imported)."""
+    session: AbstractContextManager[Trainer]
+    if isinstance(cfg, TransformersDemoConfig):
+        from rr_demo.transformers_run import transformers_trainer
+
+        session, backend = transformers_trainer(cfg, progress), "transformers"
+    else:
+        from rr_demo.megatron_run import megatron_trainer
+
+        session, backend = megatron_trainer(cfg, progress), "megatron"
+    start = time.perf_counter()
+    with session as trainer:
+        return _chain(trainer, cfg, progress, backend=backend, start=start)
+
+
+def _chain(
+    trainer: Trainer, cfg: _Sampling, progress: Progress, *, backend: str, start: float
+) -> DemoResult:
+    from rr_vllm import decode_vllm_output, validate_samples
+
+    progress("roll out with an emulated engine (noisy router numerics)")
+    rollouts, engine_logprobs = _rollouts(trainer, cfg)
+    progress("capture routes as vLLM 0.33 returns them, decode and validate")
+    layers = tuple(range(1, trainer.num_layers + 1))
+    meta = RouteMeta(
+        num_experts=trainer.num_experts,
+        top_k=trainer.top_k,
+        layer_axis="all_layers",
+        layer_numbers=layers,
+        moe_layer_numbers=rollouts[0].moe_layer_numbers,
+    )
+    outputs = [r.vllm_output(VllmEra.V0_32) for r in rollouts]
+    samples = [s for out in outputs for s in decode_vllm_output(out, meta)]
+    batch = validate_samples(samples, meta)
+    progress("encode with each codec, write and re-read a record file")
+    sizes: dict[str, float] = {c: _bytes_per_token(batch, c) for c in CODECS}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_routes(Path(tmp) / "rollout.rr", batch, codec="packed")
+        file_bytes = path.stat().st_size
+        if not load_routes(path).equal(batch):
+            raise AssertionError("a record file did not round-trip")
+    progress("trainer forward without and with R3 replay")
+    padded = _padded(rollouts, batch)
+    without = _measured(trainer, padded, rollouts, replay=False)
+    with_replay = _measured(trainer, padded, rollouts, replay=True)
+    progress("training step under replay (forward + backward, activation recompute)")
+    loss = trainer.train_step(padded)
+    rollout_N = torch.cat(engine_logprobs)
+    abs_without, kl_without = _kl_k3(without.logprobs_N, rollout_N)
+    abs_with, kl_with = _kl_k3(with_replay.logprobs_N, rollout_N)
+    return DemoResult(
+        backend=backend,
+        **trainer.versions(),
+        vllm_objects=type(outputs[0]).__module__,
+        mismatch_without_replay=without.mismatch,
+        mismatch_with_replay=with_replay.mismatch,
+        kl_without_replay=kl_without,
+        kl_with_replay=kl_with,
+        logprob_abs_diff_without_replay=abs_without,
+        logprob_abs_diff_with_replay=abs_with,
+        bytes_per_token=sizes,
+        record_file_bytes=file_bytes,
+        train_loss_with_replay=loss,
+        layers=list(meta.routed_layer_numbers),
+        mismatch_per_layer_without_replay=without.per_layer,
+        mismatch_per_layer_with_replay=with_replay.per_layer,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _rollouts(trainer: Trainer, cfg: _Sampling) -> tuple[list[Rollout], list[torch.Tensor]]:
     """Sampled continuations with noisy routing, and the engine's log-prob of each new token."""
     steps: list[torch.Tensor] = []
 
     def engine_forward(m: nn.Module, ids_1S: torch.Tensor) -> torch.Tensor:
-        logits = _logits(m, ids_1S)
+        logits = trainer.forward(m, ids_1S)
         steps.append(torch.log_softmax(logits[0, -1].float(), dim=-1))
         return logits
 
     emulator = RolloutEmulator(
-        model, cfg.num_experts, cfg.top_k, noise=cfg.noise, seed=cfg.seed, forward=engine_forward
+        trainer.model,
+        trainer.num_experts,
+        trainer.top_k,
+        num_layers=trainer.num_layers,
+        noise=cfg.noise,
+        seed=cfg.seed,
+        forward=engine_forward,
+        attach=trainer.attach_recorder,
     )
     g = torch.Generator().manual_seed(cfg.seed)
     rollouts, logprobs = [], []
     for _ in range(cfg.batch):
-        prompt = torch.randint(0, cfg.vocab_size, (cfg.prompt_length,), generator=g).tolist()
+        prompt = torch.randint(0, trainer.vocab_size, (cfg.prompt_length,), generator=g).tolist()
         steps.clear()
         rollout = emulator.generate(prompt, max_new_tokens=cfg.new_tokens, temperature=1.0)
         new = torch.tensor(rollout.generated_ids)
@@ -103,16 +249,48 @@ def _rollouts(model: nn.Module, cfg: DemoConfig) -> tuple[list[Rollout], list[to
     return rollouts, logprobs
 
 
-def _mismatch(
-    maps: dict[int, list[torch.Tensor]], target_BSMK: torch.Tensor, valid_BS: torch.Tensor
+def _padded(rollouts: list[Rollout], batch: RouteBatch) -> Padded:
+    S = max(len(r.token_ids) for r in rollouts)
+    ids_BS = torch.zeros(len(rollouts), S, dtype=torch.long)
+    mask_BS = torch.zeros(len(rollouts), S, dtype=torch.long)
+    for b, r in enumerate(rollouts):
+        ids_BS[b, : len(r.token_ids)] = torch.tensor(r.token_ids)
+        mask_BS[b, : len(r.token_ids)] = 1
+    routes_BSLK, valid_BS = batch.to_padded("right", length=S)
+    return Padded(ids_BS, mask_BS, routes_BSLK, valid_BS, batch)
+
+
+@dataclass
+class _Pass:
+    mismatch: float
+    per_layer: list[float]
+    logprobs_N: torch.Tensor
+
+
+def _measured(trainer: Trainer, padded: Padded, rollouts: list[Rollout], *, replay: bool) -> _Pass:
+    used, logits_BSV = trainer.trainer_forward(padded, replay=replay)
+    per_layer = mismatch_per_layer(used, padded.routes_BSLK, padded.valid_BS)
+    logp_BSV = torch.log_softmax(logits_BSV.float(), dim=-1)
+    picked = []
+    for b, r in enumerate(rollouts):
+        P, G = len(r.prompt_ids), len(r.generated_ids)
+        targets = padded.ids_BS[b, P : P + G]
+        picked.append(logp_BSV[b, P - 1 : P + G - 1].gather(1, targets[:, None])[:, 0])
+    overall = sum(per_layer) / len(per_layer)  # every layer has the same valid rows
+    return _Pass(overall, per_layer, torch.cat(picked))
+
+
+def mismatch_per_layer(
+    used: dict[int, torch.Tensor], routes_BSLK: torch.Tensor, valid_BS: torch.Tensor
 ) -> list[float]:
-    """Per MoE layer: share of valid (token, layer) rows whose expert set differs, in the last
-    forward's routing map ``[S * B, E]`` of each decoder router."""
-    B, S = valid_BS.shape
+    """Per MoE layer (ascending): share of valid (token, layer) rows whose expert set in the
+    trainer (``used[layer]``, bool ``[B, S, E]``) differs from the rollout's (slot layer - 1 of
+    the all-layers axis)."""
     shares = []
-    for m, layer in enumerate(sorted(maps)):
-        used_BSE = maps[layer][-1].reshape(S, B, -1).transpose(0, 1)  # router rows are [S, B]
-        want_BSE = torch.zeros_like(used_BSE).scatter(2, target_BSMK[:, :, m].long(), True)
+    for layer in sorted(used):
+        used_BSE = used[layer]
+        target_BSK = routes_BSLK[:, :, layer - 1].long()
+        want_BSE = torch.zeros_like(used_BSE).scatter(2, target_BSK, True)
         differs_BS = (used_BSE != want_BSE).any(dim=-1) & valid_BS
         shares.append(float(differs_BS.sum()) / max(1, int(valid_BS.sum())))
     return shares
@@ -125,183 +303,6 @@ def _kl_k3(train_N: torch.Tensor, rollout_N: torch.Tensor) -> tuple[float, float
     return float(log_ratio.abs().mean()), float(k3.mean())
 
 
-def run_demo(
-    cfg: DemoConfig = DemoConfig(), *, progress: Callable[[str], None] = lambda stage: None
-) -> DemoResult:
-    """Every stage of the demo; ``progress`` is called with each stage's name as it starts."""
-    import rr_megatron_compat as rmc
-    from rr_fakes.megatron import TinyGPTConfig, build_gpt, model_parallel
-    from rr_vllm import decode_vllm_output, validate_samples
-
-    start = time.perf_counter()
-    with model_parallel(seed=cfg.seed):
-        rmc.install()
-        try:
-            progress("build a real Megatron GPTModel")
-            extra = {**RECOMPUTE, **rmc.replay_config_fields()}
-            model = build_gpt(
-                TinyGPTConfig(
-                    num_layers=cfg.num_layers,
-                    hidden_size=cfg.hidden_size,
-                    num_attention_heads=4,
-                    ffn_hidden_size=2 * cfg.hidden_size,
-                    num_experts=cfg.num_experts,
-                    top_k=cfg.top_k,
-                    moe_layer_freq=cfg.moe_layer_freq,
-                    vocab_size=cfg.vocab_size,
-                    max_sequence_length=cfg.prompt_length + cfg.new_tokens + 1,
-                    extra=extra,
-                )
-            )
-            model.eval()
-            progress("roll out with an emulated engine (noisy router numerics)")
-            rollouts, engine_logprobs = _rollouts(model, cfg)
-            progress("capture routes as vLLM 0.33 returns them, decode and validate")
-            layers = tuple(range(1, cfg.num_layers + 1))
-            meta = RouteMeta(
-                num_experts=cfg.num_experts,
-                top_k=cfg.top_k,
-                layer_axis="all_layers",
-                layer_numbers=layers,
-                moe_layer_numbers=layers[1:],
-            )
-            outputs = [r.vllm_output(VllmEra.V0_32) for r in rollouts]
-            samples = [s for out in outputs for s in decode_vllm_output(out, meta)]
-            batch = validate_samples(samples, meta)
-            progress("encode with each codec, write and re-read a record file")
-            sizes: dict[str, float] = {c: _bytes_per_token(batch, c) for c in CODECS}
-            with tempfile.TemporaryDirectory() as tmp:
-                path = save_routes(Path(tmp) / "rollout.rr", batch, codec="packed")
-                file_bytes = path.stat().st_size
-                if not load_routes(path).equal(batch):
-                    raise AssertionError("a record file did not round-trip")
-            progress("trainer forward without and with R3 replay")
-            forward = _trainer_forward(model, rollouts, batch, cfg)
-            without, with_replay = forward(replay=False), forward(replay=True)
-            progress("training step under replay (forward + backward, activation recompute)")
-            loss = _train_step(model, rollouts, batch, cfg)
-        finally:
-            rmc.uninstall()
-    rollout_N = torch.cat(engine_logprobs)
-    abs_without, kl_without = _kl_k3(without.logprobs_N, rollout_N)
-    abs_with, kl_with = _kl_k3(with_replay.logprobs_N, rollout_N)
-    return DemoResult(
-        megatron_core_version=_mcore_version(),
-        vllm_objects=type(outputs[0]).__module__,
-        mismatch_without_replay=without.mismatch,
-        mismatch_with_replay=with_replay.mismatch,
-        kl_without_replay=kl_without,
-        kl_with_replay=kl_with,
-        logprob_abs_diff_without_replay=abs_without,
-        logprob_abs_diff_with_replay=abs_with,
-        bytes_per_token=sizes,
-        record_file_bytes=file_bytes,
-        train_loss_with_replay=loss,
-        layers=list(layers[1:]),
-        mismatch_per_layer_without_replay=without.per_layer,
-        mismatch_per_layer_with_replay=with_replay.per_layer,
-        seconds=time.perf_counter() - start,
-    )
-
-
-def _mcore_version() -> str:
-    from importlib.metadata import version
-
-    return version("megatron-core")
-
-
 def _bytes_per_token(batch: Any, codec: str) -> float:
     enc = encode_routes(batch, codec)
     return float(enc.payload.numel()) / max(1, int(batch.valid_N.sum()))
-
-
-@dataclass
-class _Pass:
-    mismatch: float
-    per_layer: list[float]
-    logprobs_N: torch.Tensor
-
-
-def _padded(rollouts: list[Rollout], batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded tokens ``[B, S]``, routes ``[B, S, L, K]`` and route validity ``[B, S]``."""
-    S = max(len(r.token_ids) for r in rollouts)
-    ids_BS = torch.zeros(len(rollouts), S, dtype=torch.long)
-    for b, r in enumerate(rollouts):
-        ids_BS[b, : len(r.token_ids)] = torch.tensor(r.token_ids)
-    routes_BSLK, valid_BS = batch.to_padded("right", length=S)
-    return ids_BS, routes_BSLK, valid_BS
-
-
-def _arm_rollout(
-    controller: ReplayController,
-    routes_BSLK: torch.Tensor,
-    valid_BS: torch.Tensor,
-    layer_numbers: tuple[int, ...],
-) -> None:
-    """R3: replay the captured routes in the router's row order ([S, B] flattened); rows
-    without a route (the last token, padding) route natively."""
-    from rr_megatron_compat import batch_to_router_rows
-
-    controller.set_mode(ReplayMode.REPLAY)
-    controller.arm(
-        0,
-        batch_to_router_rows(routes_BSLK),
-        layer_numbers=layer_numbers,
-        replay_mask_T=valid_BS.transpose(0, 1).reshape(-1),
-    )
-
-
-def _trainer_forward(
-    model: nn.Module, rollouts: list[Rollout], batch: Any, cfg: DemoConfig
-) -> Callable[..., _Pass]:
-    from rr_megatron_compat import attach
-
-    ids_BS, routes_BSLK, valid_BS = _padded(rollouts, batch)
-    moe_BSMK = routes_BSLK[:, :, 1:]
-
-    def run(*, replay: bool) -> _Pass:
-        controller = ReplayController(num_experts=cfg.num_experts, top_k=cfg.top_k)
-        attach(controller, model)
-        try:
-            if replay:
-                _arm_rollout(controller, routes_BSLK, valid_BS, batch.meta.layer_numbers)
-            with torch.no_grad(), route_log(model) as log:
-                logits_BSV = _logits(model, ids_BS)
-            controller.end_step()
-        finally:
-            controller.detach()
-        per_layer = _mismatch(log.forward, moe_BSMK, valid_BS)
-        logp_BSV = torch.log_softmax(logits_BSV.float(), dim=-1)
-        picked = []
-        for b, r in enumerate(rollouts):
-            P, G = len(r.prompt_ids), len(r.generated_ids)
-            targets = ids_BS[b, P : P + G]
-            picked.append(logp_BSV[b, P - 1 : P + G - 1].gather(1, targets[:, None])[:, 0])
-        overall = sum(per_layer) / len(per_layer)  # every layer has the same valid rows
-        return _Pass(overall, per_layer, torch.cat(picked))
-
-    return run
-
-
-def _train_step(model: nn.Module, rollouts: list[Rollout], batch: Any, cfg: DemoConfig) -> float:
-    """One forward + backward through Megatron's schedule with activation recompute, R3 replay
-    on; strict: any armed target left unused raises."""
-    from rr_megatron_compat import attach
-
-    ids_BS, routes_BSLK, valid_BS = _padded(rollouts, batch)
-    microbatch = {
-        "input_ids": ids_BS,
-        "position_ids": torch.arange(ids_BS.shape[1]).expand_as(ids_BS),
-        "labels": torch.roll(ids_BS, -1, dims=1),
-    }
-    controller = ReplayController(num_experts=cfg.num_experts, top_k=cfg.top_k)
-    model.train()
-    attach(controller, model)
-    try:
-        _arm_rollout(controller, routes_BSLK, valid_BS, batch.meta.layer_numbers)
-        (loss,) = train_step(model, [microbatch], controller)
-        controller.end_step()
-    finally:
-        controller.detach()
-        model.eval()
-    return loss

@@ -1,0 +1,132 @@
+"""The demo's Megatron backend: a real megatron-core ``GPTModel`` on CPU, replay through
+``rr_megatron_compat`` (routers see rows in ``[S, B]`` order), expert use read from the
+routers' routing maps.
+
+Shapes: B sequences, S padded length, L layer slots, K top-k, E experts, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import version
+
+import torch
+from torch import nn
+
+from rr_core import ReplayController, ReplayMode
+from rr_demo.run import DemoConfig, Padded, Progress
+
+
+@contextmanager
+def megatron_trainer(cfg: DemoConfig, progress: Progress) -> Iterator[MegatronTrainer]:
+    """Build the model inside Megatron's parallel state with rr's hooks installed."""
+    import rr_megatron_compat as rmc
+    from rr_fakes.megatron import RECOMPUTE, TinyGPTConfig, build_gpt, model_parallel
+
+    with model_parallel(seed=cfg.seed):
+        rmc.install()
+        try:
+            progress("build a real Megatron GPTModel")
+            extra = {**RECOMPUTE, **rmc.replay_config_fields()}
+            model = build_gpt(
+                TinyGPTConfig(
+                    num_layers=cfg.num_layers,
+                    hidden_size=cfg.hidden_size,
+                    num_attention_heads=4,
+                    ffn_hidden_size=2 * cfg.hidden_size,
+                    num_experts=cfg.num_experts,
+                    top_k=cfg.top_k,
+                    moe_layer_freq=cfg.moe_layer_freq,
+                    vocab_size=cfg.vocab_size,
+                    max_sequence_length=cfg.prompt_length + cfg.new_tokens + 1,
+                    extra=extra,
+                )
+            )
+            model.eval()
+            yield MegatronTrainer(model, cfg.num_experts, cfg.top_k, cfg.vocab_size, cfg.num_layers)
+        finally:
+            rmc.uninstall()
+
+
+@dataclass
+class MegatronTrainer:
+    model: nn.Module
+    num_experts: int
+    top_k: int
+    vocab_size: int
+    num_layers: int
+
+    def forward(self, model: nn.Module, ids_BS: torch.Tensor) -> torch.Tensor:
+        positions_BS = torch.arange(ids_BS.shape[1]).expand_as(ids_BS)
+        out: torch.Tensor = model(ids_BS, positions_BS, attention_mask=None)
+        return out  # [B, S, V]
+
+    def attach_recorder(self, recorder: ReplayController, model: nn.Module) -> tuple[int, ...]:
+        return recorder.attach(model)  # Megatron's layers carry their layer_number
+
+    def versions(self) -> dict[str, str]:
+        return {"megatron_core_version": version("megatron-core")}
+
+    def _controller(self) -> ReplayController:
+        from rr_megatron_compat import attach
+
+        controller = ReplayController(num_experts=self.num_experts, top_k=self.top_k)
+        attach(controller, self.model)
+        return controller
+
+    def trainer_forward(
+        self, padded: Padded, *, replay: bool
+    ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+        from rr_fakes.megatron import route_log
+
+        controller = self._controller()
+        try:
+            if replay:
+                _arm_rollout(controller, padded)
+            with torch.no_grad(), route_log(self.model) as log:
+                logits_BSV = self.forward(self.model, padded.ids_BS)
+            controller.end_step()
+        finally:
+            controller.detach()
+        B, S = padded.ids_BS.shape
+        used = {  # the last forward's routing map [S * B, E] of each decoder router
+            layer: maps[-1].reshape(S, B, -1).transpose(0, 1) for layer, maps in log.forward.items()
+        }
+        return used, logits_BSV
+
+    def train_step(self, padded: Padded) -> float:
+        """Forward + backward through Megatron's schedule with activation recompute."""
+        from rr_fakes.megatron import train_step
+
+        ids_BS = padded.ids_BS
+        microbatch = {
+            "input_ids": ids_BS,
+            "position_ids": torch.arange(ids_BS.shape[1]).expand_as(ids_BS),
+            "labels": torch.roll(ids_BS, -1, dims=1),
+        }
+        self.model.train()
+        controller = self._controller()
+        try:
+            _arm_rollout(controller, padded)
+            (loss,) = train_step(self.model, [microbatch], controller)
+            controller.end_step()
+        finally:
+            controller.detach()
+            self.model.eval()
+        return float(loss)
+
+
+def _arm_rollout(controller: ReplayController, padded: Padded) -> None:
+    """R3: replay the captured routes in the router's row order ([S, B] flattened); rows
+    without a route (the last token, padding) route natively."""
+    from rr_megatron_compat import batch_to_router_rows
+
+    controller.set_mode(ReplayMode.REPLAY)
+    controller.arm(
+        0,
+        batch_to_router_rows(padded.routes_BSLK),
+        layer_numbers=padded.batch.meta.layer_numbers,
+        replay_mask_T=padded.valid_BS.transpose(0, 1).reshape(-1),
+    )
