@@ -49,15 +49,6 @@ METHODS = ("hf_non_reentrant", "hf_reentrant", "torch_wrapper")
 #: grouped_mm (the default) saves fixed shapes; the eager loop saves one tensor per expert hit
 EXPERTS = ("grouped_mm", "eager")
 
-#: rr_core's RECORD routes the forward with torch.topk (which saves the [T, K] ids) and the
-#: recompute with replay_topk's gather (which saves the [T, E] scores as well), so a
-#: non-reentrant checkpoint sees a different set of saved tensors; fix in rr_core's _record
-RECORD_RECOMPUTE_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=CheckpointError,
-    reason="rr_core RECORD routes forward and recompute through different autograd graphs",
-)
-
 Batches = Mapping[int, torch.Tensor]  # micro-batch -> input ids [B, S]
 Routes = Mapping[int, torch.Tensor]  # micro-batch -> routes [B*S, L, K]
 
@@ -296,9 +287,9 @@ def test_r2_record_in_the_old_policy_forward_then_replay_in_the_checkpointed_upd
 @pytest.mark.parametrize(
     "method",
     [
-        pytest.param("hf_non_reentrant", marks=RECORD_RECOMPUTE_BUG),
+        "hf_non_reentrant",
         "hf_reentrant",  # torch checks nothing there; the gradients still match
-        pytest.param("torch_wrapper", marks=RECORD_RECOMPUTE_BUG),
+        "torch_wrapper",
     ],
 )
 @pytest.mark.parametrize("model_type", CHECKPOINT_FAMILIES)
@@ -334,9 +325,7 @@ def _move_router_numerics(model: nn.Module) -> None:
         router.weight.data.add_(torch.randn(router.weight.shape, generator=generator) * 0.3)
 
 
-@pytest.mark.parametrize(
-    "mode", [pytest.param(ReplayMode.RECORD, marks=RECORD_RECOMPUTE_BUG), ReplayMode.REPLAY]
-)
+@pytest.mark.parametrize("mode", [ReplayMode.RECORD, ReplayMode.REPLAY])
 @pytest.mark.parametrize("model_type", CHECKPOINT_FAMILIES)
 def test_recompute_routes_as_the_forward_did_when_router_numerics_move(model_type, mode):
     batches = {0: _tokens(40)}

@@ -448,9 +448,12 @@ class ReplayController:
                 f"layer {self._layers[index]} recorded twice for micro-batch {microbatch!r}; "
                 "give each forward its own micro-batch id or call end_step() between passes"
             )
-        out = native_topk(scores_TE, self.top_k, values_TE=values_TE)
-        records[index] = out.ids_TK.detach()
-        return out
+        # ids off the graph and values by gather, as the recompute above replays them: a
+        # non-reentrant checkpoint then sees the same saved tensors in forward and recompute
+        # (torch.topk saves the [T, K] ids, a gather the [T, E] scores too: CheckpointError)
+        ids_TK = native_ids(scores_TE, self.top_k)
+        records[index] = ids_TK
+        return replay_topk(scores_TE, self.top_k, target_ids_TK=ids_TK, values_TE=values_TE)
 
     def _replay(
         self,
