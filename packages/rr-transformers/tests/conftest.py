@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 import rr_transformers
 from rr_fakes.pytest_support import _no_leaked_attachments  # noqa: F401 (autouse fixture)
@@ -16,6 +17,16 @@ def _hooks_removed() -> Iterator[None]:
     yield
     left = rr_transformers.uninstall()
     assert left == 0, f"test left {left} router hooks installed; call rr_transformers.uninstall()"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread per test process: xdist already runs a process per core, and tiny
+    models lose more to thread hand-offs than they gain."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ hence every expert's token set, identical, so each gradient is the same sum in t
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import pytest
@@ -51,16 +51,6 @@ EXPERTS = ("grouped_mm", "eager")
 
 Batches = Mapping[int, torch.Tensor]  # micro-batch -> input ids [B, S]
 Routes = Mapping[int, torch.Tensor]  # micro-batch -> routes [B*S, L, K]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads; on a loaded 2-core machine they cost
-    ten times the time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _tokens(seed: int) -> torch.Tensor:
