@@ -73,6 +73,26 @@ def _rollout_batch(
     return RouteBatch.from_sequences([seq_SLK[:-1] for seq_SLK in recorded_BSLK], meta)
 
 
+def _decoded_batch(
+    recorded_BSLK: torch.Tensor, num_experts: int, top_k: int, num_layers: int
+) -> RouteBatch:
+    """The same routes as rr_vllm's decoders return them: T rows per sequence, the last one
+    (never fed back) zero and invalid."""
+    meta = RouteMeta(
+        num_experts=num_experts,
+        top_k=top_k,
+        layer_axis="all_layers",
+        layer_numbers=tuple(range(1, num_layers + 1)),
+    )
+    seqs, valid = [], []
+    for seq_SLK in recorded_BSLK:
+        rows_SLK = seq_SLK.clone()
+        rows_SLK[-1] = 0
+        seqs.append(rows_SLK)
+        valid.append(torch.arange(seq_SLK.shape[0]) < seq_SLK.shape[0] - 1)
+    return RouteBatch.from_sequences(seqs, meta, valid=valid)
+
+
 @dataclass
 class _Step:
     """The step's model, micro-batch and optimizer, and the routes R3 arms for it."""
@@ -251,6 +271,7 @@ def bench_bookkeeping() -> dict[str, Any]:
     first_N1 = torch.randint(0, E, (B * S * L, 1), generator=g)
     routes_NK = (first_N1 + torch.arange(K)) % E  # distinct ids per row; values do not matter
     batch = _rollout_batch(routes_NK.reshape(B, S, L, K).to(torch.uint8), E, K, L)
+    decoded = _decoded_batch(routes_NK.reshape(B, S, L, K).to(torch.uint8), E, K, L)
     mask_BS = torch.ones(B, S, dtype=torch.long)
     position_ids = torch.arange(S).repeat(B)[None]
     controller = ReplayController(num_experts=E, top_k=K)
@@ -264,6 +285,7 @@ def bench_bookkeeping() -> dict[str, Any]:
             "ctrl": controller,
             "rt": rr_transformers,
             "batch": batch,
+            "decoded": decoded,
             "mask": mask_BS,
             "pos": position_ids,
             "laid": laid_NLK,
@@ -274,6 +296,9 @@ def bench_bookkeeping() -> dict[str, Any]:
             "rt.arm_routes(ctrl, 0, batch, attention_mask=mask); ctrl.release(0)", env
         )
         packed = median_us("rt.arm_routes(ctrl, 0, batch, position_ids=pos); ctrl.release(0)", env)
+        decoded_packed = median_us(
+            "rt.arm_routes(ctrl, 0, decoded, position_ids=pos); ctrl.release(0)", env
+        )
         layout = median_us("rt.routes_for_padded(batch, mask)", env)
         laid_out = median_us(
             "ctrl.arm(0, laid, layer_numbers=layers, replay_mask_T=replay, validate=False); "
@@ -288,6 +313,7 @@ def bench_bookkeeping() -> dict[str, Any]:
         **{f"bookkeeping_{k}": v for k, v in BOOK.items()},
         "bookkeeping_us_per_microbatch_94_layers": padded + step_end,
         "bookkeeping_packed_us_per_microbatch_94_layers": packed + step_end,
+        "bookkeeping_decoded_packed_us_per_microbatch_94_layers": decoded_packed + step_end,
         "arm_routes_padded_us": padded,
         "arm_routes_packed_us": packed,
         "layout_padded_us": layout,
