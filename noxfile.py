@@ -161,6 +161,7 @@ BENCHMARKS = {
     "vllm": "rr-vllm/benchmarks/bench_vllm.py",
     "megatron": "rr-megatron-compat/benchmarks/bench_megatron.py",
     "verl": "rr-megatron-compat/benchmarks/bench_verl.py",
+    "transformers": "rr-transformers/benchmarks/bench_transformers.py",
 }
 
 
@@ -168,7 +169,10 @@ BENCHMARKS = {
 def bench(session: nox.Session) -> None:
     """Every benchmark, one process each, side by side: one table and bench-results.json."""
     install_verl(session)  # verl's own functions run beside rr's; its megatron-core line
-    install_with_torch(session, *editable("rr-core", "rr-fakes", "rr-megatron-compat", "rr-vllm"))
+    install_with_torch(
+        session,
+        *editable("rr-core", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-transformers"),
+    )  # transformers itself: verl's pin
     report_versions(session)
     runs: dict[str, Any] = {}
     tmp = Path(session.create_tmp())
@@ -187,7 +191,7 @@ def bench(session: nox.Session) -> None:
 def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
     """The headline figures (names fixed: other tools read bench-results.json)."""
     core, codecs, vllm_run, mcore = runs["core"], runs["codecs"], runs["vllm"], runs["megatron"]
-    verl_run = runs["verl"]
+    verl_run, tf = runs["verl"], runs["transformers"]
     return {
         "replay_topk_over_native": core["replay_topk_over_native"],
         "bookkeeping_us_per_microbatch_94_layers": core["bookkeeping_us_per_microbatch_94_layers"],
@@ -204,6 +208,14 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
         "verl_r2_merge_rr_over_verl": verl_run["merge"]["layers_48"]["rr_over_verl_cpu"],
         "verl_step_overhead_dropin": verl_run["step"]["rr_dropin_over_off_cpu"],
         "verl_step_overhead_verl": verl_run["step"]["verl_over_off_cpu"],
+        "transformers_step_overhead_ratio_r3": tf["step_overhead_ratio_r3"],
+        "transformers_step_overhead_attributed_r3": tf["attributed_overhead_ratio"]["r3"],
+        "transformers_bookkeeping_us_per_microbatch_94_layers": tf[
+            "bookkeeping_decoded_packed_us_per_microbatch_94_layers"
+        ],
+        "transformers_bookkeeping_padded_us_per_microbatch_94_layers": tf[
+            "bookkeeping_us_per_microbatch_94_layers"
+        ],
         "workloads": {
             "replay_topk_over_native": "4096 tokens x 128 experts, top-8, every row replayed",
             "bookkeeping_us_per_microbatch_94_layers": "arm (validated upstream) + end_step",
@@ -225,6 +237,22 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
             "verl_r2_merge_rr_over_verl": "merge_router_topk_indices, 48 MoE layers, 4096 tokens",
             "verl_step_overhead_dropin": "R3 training step through the drop-in / no replay",
             "verl_step_overhead_verl": "R3 training step through verl's replay / no replay",
+            "transformers_step_overhead_ratio_r3": (
+                f"real qwen3_moe step on CPU, transformers {tf['transformers']}, hidden "
+                f"{tf['hidden_size']}, {tf['num_hidden_layers']} layers, {tf['num_experts']} "
+                f"experts top-{tf['num_experts_per_tok']}, {tf['sequences']} x "
+                f"{tf['seq_length']} tokens: R3 / rr not installed, CPU time"
+            ),
+            "transformers_step_overhead_attributed_r3": (
+                "the same, from rr's own measured costs (router calls, arm_routes, end_step)"
+            ),
+            "transformers_bookkeeping_us_per_microbatch_94_layers": (
+                "arm_routes + end_step, 94 layers, E=128, top-8, 4096 rows packed in one row, "
+                "the batch as rr_vllm decodes it"
+            ),
+            "transformers_bookkeeping_padded_us_per_microbatch_94_layers": (
+                "the same rows right-padded (a gather into the [B*S] layout)"
+            ),
         },
         "runs": runs,
     }
@@ -242,6 +270,10 @@ def bench_table(figures: dict[str, Any]) -> str:
             "verl_r2_merge_rr_over_verl",
             "verl_step_overhead_dropin",
             "verl_step_overhead_verl",
+            "transformers_step_overhead_ratio_r3",
+            "transformers_step_overhead_attributed_r3",
+            "transformers_bookkeeping_us_per_microbatch_94_layers",
+            "transformers_bookkeeping_padded_us_per_microbatch_94_layers",
         )
     ]
     for codec, size in figures["payload_bytes_per_token"].items():
@@ -336,7 +368,9 @@ def demo(session: nox.Session) -> None:
     install_with_torch(session, "--no-deps", f"vllm=={VLLM_DATA['TESTED_VLLM']}")
     install_with_torch(session, *VLLM_DATA["VLLM_IMPORT_DEPS"])
     install_with_torch(
-        session, *editable("rr-core", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-demo[plot]")
+        session,
+        *editable("rr-core", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-demo[plot]"),
+        *editable("rr-transformers"),  # `nox -s demo -- --backend transformers`
     )
     session.run("rr", "demo", *(session.posargs or ["--plot", str(ROOT / "rr-demo.png")]))
 
@@ -397,9 +431,10 @@ def transformers(session: nox.Session, line: str) -> None:
     install_with_torch(
         session, f"transformers=={TRANSFORMERS_LINES[line]}", *TRANSFORMERS_DATA["TEST_DEPS"]
     )
-    install_with_torch(session, "--no-deps", *editable("rr-demo"))  # no megatron: not its path
     install_with_torch(
-        session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]")
+        session,
+        *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
+        *editable("rr-megatron-compat", "rr-demo"),  # rr-demo's dependency; megatron is not
     )
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
