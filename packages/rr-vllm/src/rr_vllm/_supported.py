@@ -40,3 +40,13 @@ VLLM_IMPORT_DEPS: tuple[str, ...] = (
     "transformers>=5.16.1,<5.21", "aiohttp", "requests", "openai-harmony", "openai",
     "prometheus_client", "pillow", "pybase64", "cachetools", "cloudpickle", "uvloop", "py-cpuinfo",
 )  # fmt: skip
+
+#: TensorRT-LLM's capture (NVIDIA/TensorRT-LLM PR #18397, merged 2026-08; no release is pinned):
+#: ``CompletionOutput.routed_experts`` ``(seq_len - 1, num_moe_layers, top_k)``, MoE layers only,
+#: logical ids; the ``finish_reason`` values rr reads as an aborted request.
+TRTLLM_CANCELLED: tuple[str, ...] = ("cancelled",)
+
+#: The R3/v1 router-replay envelope (eval-protocol/python-sdk PR #450): header versions decoded,
+#: and the optional extra that brings its zstd decompressor.
+R3V1_VERSIONS: tuple[int, ...] = (1,)
+R3V1_EXTRA = "r3v1"

@@ -15,8 +15,23 @@ from ._objects import (
     RequestOutput as RequestOutput,
     real_vllm_outputs as real_vllm_outputs,
 )
+from ._r3v1 import (
+    r3v1_payload as r3v1_payload,
+    r3v1_raw as r3v1_raw,
+    r3v1_wrap as r3v1_wrap,
+)
+from ._stream import (
+    openai_stream as openai_stream,
+    vllm_generate_stream as vllm_generate_stream,
+)
+from ._trtllm import (
+    TrtllmCompletionOutput as TrtllmCompletionOutput,
+    TrtllmRequestOutput as TrtllmRequestOutput,
+    trtllm_request_output as trtllm_request_output,
+)
 from ._vllm import (
     BlockObjectStoreError as BlockObjectStoreError,
+    EngineDeadError as EngineDeadError,
     vllm_request_output as vllm_request_output,
 )
 from ._wire import (
