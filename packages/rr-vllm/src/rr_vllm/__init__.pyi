@@ -36,6 +36,10 @@ from ._r3v1 import (
     decode_r3v1 as decode_r3v1,
     read_r3v1_header as read_r3v1_header,
 )
+from ._prompt_start import (
+    drop_rows_before as drop_rows_before,
+    prompt_start_to_send as prompt_start_to_send,
+)
 from ._store import (
     explain_store_errors as explain_store_errors,
     is_store_eviction as is_store_eviction,
@@ -44,6 +48,13 @@ from ._store import (
 from ._trtllm import (
     decode_trtllm_output as decode_trtllm_output,
     decode_trtllm_routes as decode_trtllm_routes,
+)
+from ._stream import (
+    decode_vllm_stream as decode_vllm_stream,
+)
+from ._turns import (
+    Trajectory as Trajectory,
+    omission_start as omission_start,
 )
 from ._validate import (
     validate_samples as validate_samples,

@@ -6,7 +6,8 @@ capture cannot serve exactly are refused here, before anything is generated:
 - vLLM < 0.14 (no capture), a hybrid-attention model on vLLM < 0.22 (undersized buffers, E3),
   expert-load-balancing on vLLM < 0.16 (physical ids, E2), 0.32+ without prefix caching;
 - a prompt longer than ``prompt_length``, no room left for one generated token, a
-  ``prompt_start`` outside ``0..P``, or one on a version without the knob.
+  ``prompt_start`` outside ``0..P``, or one on a version without the knob;
+- ``prompt_start == P`` on 0.22-0.29 is sent as ``P - 1`` (G4, :mod:`rr_vllm._prompt_start`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from rr_core import RouteMeta
 from rr_vllm._errors import CaptureError
 from rr_vllm._fields import integer
+from rr_vllm._prompt_start import prompt_start_to_send
 from rr_vllm._store import routes_store_max_bytes
 from rr_vllm._versions import resolve_flags
 
@@ -180,8 +182,10 @@ def vllm_sampling_fields(
     vllm_version: str | None = None,
 ) -> dict[str, int]:
     """``SamplingParams`` fields of one request: ``max_tokens`` (see :func:`max_new_tokens`)
-    and, from 0.22, ``routed_experts_prompt_start`` (skip the first ``prompt_start`` rows;
-    decode with the same ``prompt_start``)."""
+    and, from 0.22, ``routed_experts_prompt_start`` (skip the first ``prompt_start`` rows).
+    Decode with the value sent, ``fields["routed_experts_prompt_start"]``: on 0.22-0.29 a
+    ``prompt_start`` of P is sent as P - 1, since P kills their EngineCore (G4, vLLM #55750;
+    :func:`~rr_vllm.drop_rows_before` drops the extra row if it is not wanted)."""
     flags = resolve_flags(vllm_version)
     p = integer(num_prompt_tokens, "num_prompt_tokens", error=CaptureError)
     prompt_start = integer(prompt_start, "prompt_start", error=CaptureError, minimum=None)
@@ -194,17 +198,9 @@ def vllm_sampling_fields(
             continuation=continuation,
         )
     }
-    if not 0 <= prompt_start <= p:
-        raise CaptureError(
-            f"prompt_start={prompt_start} is outside 0..P={p} (vLLM answers HTTP 400)"
-        )
+    sent = prompt_start_to_send(prompt_start, p, flags)
     if flags.prompt_start:
-        fields["routed_experts_prompt_start"] = prompt_start
-    elif prompt_start:
-        raise CaptureError(
-            f"vLLM {flags.version} has no routed_experts_prompt_start (it arrived in 0.22); "
-            f"got prompt_start={prompt_start}: pass 0 and drop rows after decoding"
-        )
+        fields["routed_experts_prompt_start"] = sent
     return fields
 
 

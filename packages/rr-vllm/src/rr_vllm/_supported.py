@@ -26,6 +26,15 @@ VLLM_FEATURES: dict[str, str] = {
     # Capture goes through the aux-output store: AuxOutputConfig(max_bytes), prefix caching
     # required, BlockObjectStoreError when a prefix hit needs evicted rows.
     "aux_output_store": ">=0.32",
+    # routed_experts_prompt_start == P (the whole prompt) is served, as an empty prompt slice
+    # (vLLM PR #56844). 0.22.0-0.29.x assert prompt_start < P in the scheduler
+    # (vllm/v1/core/sched/scheduler.py of each wheel), which kills the EngineCore: that request
+    # and every later one answer HTTP 500 (vLLM #55750, G4).
+    "prompt_start_whole_prompt": ">=0.30",
+    # /inference/v1/generate with stream=true sends routed_experts (base64 .npy, the whole
+    # request's rows) on the chunk that carries finish_reason (vLLM PR #44638; the stream choice
+    # has the field from 0.24.0). The OpenAI streaming choices have no such field (RFC #56745).
+    "stream_routes": ">=0.24",
 }
 
 #: SGLang's request fields for capture (server flag ``--enable-return-routed-experts``).

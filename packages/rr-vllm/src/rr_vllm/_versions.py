@@ -29,6 +29,8 @@ class VllmFlags:
     hybrid_attention: bool
     compact_dtype: bool
     aux_output_store: bool
+    prompt_start_whole_prompt: bool
+    stream_routes: bool
 
     @property
     def supported(self) -> bool:

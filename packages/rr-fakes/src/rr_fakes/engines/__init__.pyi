@@ -20,6 +20,10 @@ from ._r3v1 import (
     r3v1_raw as r3v1_raw,
     r3v1_wrap as r3v1_wrap,
 )
+from ._stream import (
+    openai_stream as openai_stream,
+    vllm_generate_stream as vllm_generate_stream,
+)
 from ._trtllm import (
     TrtllmCompletionOutput as TrtllmCompletionOutput,
     TrtllmRequestOutput as TrtllmRequestOutput,
@@ -27,6 +31,7 @@ from ._trtllm import (
 )
 from ._vllm import (
     BlockObjectStoreError as BlockObjectStoreError,
+    EngineDeadError as EngineDeadError,
     vllm_request_output as vllm_request_output,
 )
 from ._wire import (

@@ -9,7 +9,11 @@ routed when that token was the input, and the last sampled token has no row:
   ``CompletionOutput.routed_experts`` (the G-1 decode rows), int16, MoE layers only, -1 on
   prefix-cached rows, both None after preemption;
 - 0.22-0.31 and 0.32+: ``CompletionOutput.routed_experts``, uint8 when E <= 256 else uint16,
-  P+G-1-prompt_start rows, all layers.
+  P+G-1-prompt_start rows, all layers;
+- 0.22.0-0.29.x: ``prompt_start == P`` trips the scheduler's ``assert prompt_start < P`` and the
+  EngineCore dies (vLLM #55750; given ``engine_version``, :class:`EngineDeadError` is raised);
+- cached-prefix omission (vLLM RFC #56402, PRs #57025 / #57966, unreleased, on the 0.32+
+  aux-output store): rows start at ``max(prompt_start, num_cached_tokens)``.
 
 Dense layers are all-zero rows on the all-layers axis: the caller's routes carry them.
 
@@ -34,6 +38,23 @@ from rr_fakes.engines._faults import (
     overwrite_layer0,
 )
 from rr_fakes.engines._objects import construct, output_classes
+
+
+class EngineDeadError(RuntimeError):
+    """vLLM's error once the EngineCore died: this request and every later one fail (HTTP 500
+    over the server)."""
+
+
+#: Releases whose scheduler asserts ``routed_experts_prompt_start < P`` (checked in each wheel's
+#: ``vllm/v1/core/sched/scheduler.py``; 0.30.0 has ``<=``, vLLM PR #56844).
+_WHOLE_PROMPT_START_CRASHES = ((0, 22), (0, 29))
+
+
+def _crashes_on_whole_prompt(engine_version: str | None) -> bool:
+    if engine_version is None:
+        return False
+    major, minor = (int(x) for x in engine_version.split("+")[0].split(".")[:2])
+    return _WHOLE_PROMPT_START_CRASHES[0] <= (major, minor) <= _WHOLE_PROMPT_START_CRASHES[1]
 
 
 class BlockObjectStoreError(RuntimeError):
@@ -61,6 +82,8 @@ def vllm_request_output(
     moe_layer_numbers: Sequence[int] | None = None,
     prompt_start: int = 0,
     cached_prefix: int = 0,
+    omit_cached_prefix: bool = False,
+    engine_version: str | None = None,
     preempted: bool = False,
     evicted: bool = False,
     finish_reason: str = "length",
@@ -76,6 +99,10 @@ def vllm_request_output(
     ValueError as vLLM's validation). ``cached_prefix`` prompt tokens came from the prefix
     cache (``num_cached_tokens``; 0.21 returns -1 on their rows). ``preempted`` makes 0.21
     return None; ``evicted`` makes 0.32+ raise :class:`BlockObjectStoreError`.
+    ``omit_cached_prefix`` (0.32+ era, the server flag ``--enable-omit-prefix-routed-experts``
+    of the open PRs) starts the rows at ``max(prompt_start, cached_prefix)``.
+    ``engine_version`` (e.g. ``"0.28.0"``) makes ``prompt_start == P`` raise
+    :class:`EngineDeadError` on 0.22-0.29, as their EngineCore dies.
     ``use_real_vllm``: None builds the real classes when ``vllm`` imports.
     """
     era = VllmEra(era)
@@ -91,6 +118,15 @@ def vllm_request_output(
         raise ValueError(f"routed_experts_prompt_start={prompt_start} outside the valid 0..{p}")
     if not 0 <= cached_prefix <= p:
         raise ValueError(f"cached_prefix={cached_prefix} outside 0..{p}")
+    if omit_cached_prefix and era is not VllmEra.V0_32:
+        raise ValueError(
+            f"cached-prefix omission is a 0.32+ (aux-output store) form, not {era.value}"
+        )
+    if prompt_start == p > 0 and _crashes_on_whole_prompt(engine_version):
+        raise EngineDeadError(
+            f"EngineCore died: AssertionError in the scheduler (prompt_start={prompt_start} is "
+            f"not < num_prompt_tokens={p}); vLLM {engine_version} answers 500 from now on"
+        )
     if (preempted and era is not VllmEra.V0_21) or (evicted and era is not VllmEra.V0_32):
         raise ValueError(f"preempted is a 0.21 behaviour and evicted a 0.32+ one, not {era.value}")
     if evicted:
@@ -98,7 +134,8 @@ def vllm_request_output(
             f"request {request_id}: prefix hit needs route rows evicted from the aux-output "
             "store; raise max_bytes"
         )
-    rows = corrupt_ids(routes, faults)[prompt_start:]
+    start = max(prompt_start, cached_prefix) if omit_cached_prefix else prompt_start
+    rows = corrupt_ids(routes, faults)[start:]
     dtype = era_dtype(era, num_experts)
     extra: dict[str, Any] = {}
     if era is VllmEra.V0_21:
