@@ -2,13 +2,22 @@
 on a 48-layer axis, 128 experts, top-8, uint8 as vLLM 0.22+ returns it) into a validated
 ``RouteBatch``, and on into the trainer's padded int16 layout.
 
-Each figure is a throughput ratio to a plain memory copy (``np.copyto``) of the same uint8 payload
-timed in the same run (copy time / measured time), so ratios hold across machines. Goal: decoding
-+ batching >= 0.5. ``vllm_assembly_vs_memcpy`` is :func:`rr_vllm.decode_vllm_batch` (one copy into
-the batch, then rr_core's id checks); ``vllm_per_sample_vs_memcpy`` decodes each output on its own
-and batches with ``validate_samples``; ``vllm_checks_vs_memcpy`` is the id checks alone.
+Each figure is a throughput ratio to a plain memory copy (``np.copyto``, one thread) of the same
+uint8 payload (copy time / measured time), so ratios hold across machines. The candidates run in
+alternation, round after round, and each ratio is the median over rounds of that round's copy
+over its time (a shared machine drifts; neighbours in time see the same drift). The two goals:
 
-Usage: ``python bench_vllm.py [--samples 256] [--tokens 4096] [--json] [--repeat 5]`` (the
+- ``vllm_datapath_vs_memcpy`` >= 0.5: :func:`rr_vllm.decode_vllm_batch` with ``validate=False``
+  (decode, structural checks, one copy into the batch);
+- ``vllm_idchecks_per_core_vs_memcpy`` >= 0.25 per kernel: rr_core's id checks
+  (``RouteBatch.validate``: range, K distinct ids, all-zero capture, empty dense slots) on one
+  thread; ``vllm_idchecks_vs_memcpy`` has them at each thread count, so the scaling shows.
+
+``vllm_assembly_vs_memcpy`` is the default ``decode_vllm_batch`` (both, checks on);
+``vllm_per_sample_vs_memcpy`` decodes each output on its own and batches with
+``validate_samples``.
+
+Usage: ``python bench_vllm.py [--samples 256] [--tokens 4096] [--json] [--repeat 7]`` (the
 defaults are the rollout step of 256 x 4096 tokens, about 400 MB).
 """
 
@@ -16,14 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import torch
 
 from rr_core import RouteMeta
+from rr_core.routes import idcheck_numba, idcheck_words
 from rr_vllm import decode_vllm_batch, decode_vllm_output, to_trainer_layout, validate_samples
 
 LAYERS, EXPERTS, TOP_K = 48, 128, 8
@@ -63,6 +75,33 @@ def best(fn: Callable[[], object], repeat: int) -> float:
     return min(times)
 
 
+def alternate(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+    """Seconds of each candidate in each of ``repeat`` rounds, the candidates run in turn."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def ratios(times: dict[str, list[float]], base: str) -> dict[str, float]:
+    """Median over rounds of ``base``'s time over each candidate's time in the same round."""
+    return {
+        name: statistics.median(b / t for b, t in zip(times[base], ts, strict=True))
+        for name, ts in times.items()
+    }
+
+
+def kernels() -> list[str]:
+    return [k for k in idcheck_words.KERNELS if k != "numba" or idcheck_numba.available()]
+
+
+def thread_counts() -> list[int]:
+    return sorted({1, 2, torch.get_num_threads()})
+
+
 def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     meta = RouteMeta(
         num_experts=EXPERTS,
@@ -74,6 +113,10 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     payload = np.stack([r.outputs[0].routed_experts for r in reqs])
     target = np.empty_like(payload)
     prompts = [len(r.prompt_token_ids) for r in reqs]
+    threads = torch.get_num_threads()
+
+    def copy() -> None:
+        np.copyto(target, payload)
 
     def decode() -> list[Any]:
         return [s for r in reqs for s in decode_vllm_output(r, meta)]
@@ -81,39 +124,77 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     def per_sample() -> Any:
         return validate_samples(decode(), meta)
 
+    def datapath() -> Any:
+        return decode_vllm_batch(reqs, meta, validate=False)
+
     def assemble() -> Any:
         return decode_vllm_batch(reqs, meta)
 
     batch = assemble()
     assert batch.equal(per_sample())
-    copy = best(lambda: np.copyto(target, payload), repeat)
-    t_decode = best(decode, repeat)
-    t_per_sample = best(per_sample, repeat)
-    t_assemble = best(assemble, repeat)
-    t_checks = best(batch.validate, repeat)
-    t_layout = best(
-        lambda: to_trainer_layout(
+    assert batch.equal(datapath())
+
+    def layout() -> Any:
+        return to_trainer_layout(
             batch, prompts, prompt_length=tokens // 4, response_length=tokens - tokens // 4
-        ),
-        repeat,
-    )
+        )
+
+    main = {
+        "memcpy": copy,
+        "datapath": datapath,
+        "assembly": assemble,
+        "decode": decode,
+        "per_sample": per_sample,
+        "trainer_layout": layout,
+    }
+    times = alternate(main, repeat)
+    ratio = ratios(times, "memcpy")
+    ms = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+
+    checks: dict[str, dict[str, float]] = {}
+    kernel_only: dict[str, dict[str, float]] = {}
+    for kernel in kernels():
+        checks[kernel], kernel_only[kernel] = {}, {}
+        with idcheck_words.use_kernel(kernel):
+            batch.validate()  # numba compiles (or loads its cache) on first use
+            for n in thread_counts():
+                torch.set_num_threads(n)
+                t = alternate(
+                    {
+                        "memcpy": copy,
+                        "checks": batch.validate,
+                        "kernel": lambda: idcheck_words.word_flags(batch.values_NLK, EXPERTS),
+                    },
+                    repeat,
+                )
+                r = ratios(t, "memcpy")
+                checks[kernel][str(n)], kernel_only[kernel][str(n)] = r["checks"], r["kernel"]
+        torch.set_num_threads(threads)
+    default = idcheck_words.kernel()
     mb = payload.nbytes / 1e6
     return {
         "samples": samples,
         "tokens_per_sample": tokens,
         "payload_mb": mb,
-        "memcpy_ms": copy * 1e3,
-        "decode_ms": t_decode * 1e3,
-        "assembly_ms": t_assemble * 1e3,
-        "per_sample_ms": t_per_sample * 1e3,
-        "checks_ms": t_checks * 1e3,
-        "trainer_layout_ms": t_layout * 1e3,
-        "vllm_decode_vs_memcpy": copy / t_decode,
-        "vllm_assembly_vs_memcpy": copy / t_assemble,
-        "vllm_per_sample_vs_memcpy": copy / t_per_sample,
-        "vllm_checks_vs_memcpy": copy / t_checks,
-        "vllm_trainer_layout_vs_memcpy": copy / t_layout,
-        "assembly_gb_per_s": mb / 1e3 / t_assemble,
+        "threads": threads,
+        "idcheck_kernel": default,
+        "memcpy_ms": ms["memcpy"],
+        "datapath_ms": ms["datapath"],
+        "decode_ms": ms["decode"],
+        "assembly_ms": ms["assembly"],
+        "per_sample_ms": ms["per_sample"],
+        "checks_ms": ms["memcpy"] / checks[default][str(threads)],
+        "trainer_layout_ms": ms["trainer_layout"],
+        "vllm_datapath_vs_memcpy": ratio["datapath"],
+        "vllm_idchecks_per_core_vs_memcpy": {k: v["1"] for k, v in checks.items()},
+        "vllm_idchecks_vs_memcpy": checks,
+        "vllm_idcheck_kernel_vs_memcpy": kernel_only,
+        "vllm_decode_vs_memcpy": ratio["decode"],
+        "vllm_assembly_vs_memcpy": ratio["assembly"],
+        "vllm_per_sample_vs_memcpy": ratio["per_sample"],
+        "vllm_checks_vs_memcpy": checks[default][str(threads)],
+        "vllm_trainer_layout_vs_memcpy": ratio["trainer_layout"],
+        "assembly_gb_per_s": mb / ms["assembly"],
     }
 
 
@@ -121,7 +202,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     result = run(args.samples, args.tokens, args.repeat)
@@ -129,7 +210,7 @@ def main() -> None:
         print(json.dumps(result))
         return
     for key, value in result.items():
-        print(f"{key:32s} {value:.3f}" if isinstance(value, float) else f"{key:32s} {value}")
+        print(f"{key:34s} {value:.3f}" if isinstance(value, float) else f"{key:34s} {value}")
 
 
 if __name__ == "__main__":

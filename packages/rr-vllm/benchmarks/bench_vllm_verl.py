@@ -9,23 +9,34 @@ what ships between them. ``verl_ms`` is verl's ``AgentLoopOutput.as_dict`` for e
 ``list_of_dict_to_tensordict`` (the TransferQueue trainer's path), timed where verl imports;
 ``equal_to_verl`` checks the tensors match (``set``: up to the order of each row's ids).
 
-Usage: ``python bench_vllm_verl.py [--samples 256] [--tokens 4096] [--repeat 3] [--json]``.
+``side_by_side`` runs verl's conversion and every rr path that ends in what a trainer consumes
+in alternation, round after round, in this process: ``decode`` (the validated batch),
+``decode_layout_uint8`` / ``decode_layout_int16`` (plus :func:`rr_vllm.to_trainer_layout`, the
+padded layout), ``decode_raw`` / ``decode_packed`` / ``decode_set`` (plus the codec encode that
+ships). ``rr_over_verl`` is the median over rounds of each path's time over verl's in the same
+round (goal: at most 1), ``bytes_over_verl`` what the path ships per token over verl's int16
+(goal: at most 0.5).
+
+Usage: ``python bench_vllm_verl.py [--samples 64] [--tokens 4096] [--repeat 7] [--json]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 # the rollout capture and the timer of the assembly benchmark next to this file
-from bench_vllm import EXPERTS, LAYERS, TOP_K, best, requests
+from bench_vllm import EXPERTS, LAYERS, TOP_K, alternate, best, requests
 
 from rr_core import CODECS, RouteMeta
-from rr_vllm import decode_vllm_batch, pack_batch_for_verl, to_verl_nested
+from rr_core.routes import idcheck_words
+from rr_vllm import decode_vllm_batch, pack_batch_for_verl, to_trainer_layout, to_verl_nested
 
 
 def verl_functions() -> tuple[Any, Any] | None:
@@ -113,14 +124,71 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
             "expand_ms": best(lambda r=routes: to_verl_nested(r), repeat) * 1e3,
             "equal_to_verl": equal,
         }
+    if verl is not None:
+        result["side_by_side"] = side_by_side(reqs, meta, prompts, tokens, convert, repeat)
     return result
+
+
+def side_by_side(
+    reqs: list[Any],
+    meta: RouteMeta,
+    prompts: list[int],
+    tokens: int,
+    verl_convert: Callable[[], Any],
+    repeat: int,
+) -> dict[str, Any]:
+    """verl's conversion and rr's paths in alternation; ratios of medians over rounds."""
+    num_tokens = sum(p + len(r.outputs[0].token_ids) for p, r in zip(prompts, reqs, strict=True))
+    verl_bytes = LAYERS * TOP_K * 2
+    sizes = {"prompt_length": tokens // 4, "response_length": tokens - tokens // 4}
+
+    def layout(dtype: torch.dtype) -> Callable[[], Any]:
+        return lambda: (
+            to_trainer_layout(
+                decode_vllm_batch(reqs, meta), prompts, **sizes, dtype=dtype
+            ).routes_BSLK
+        )
+
+    def encode(codec: str) -> Callable[[], Any]:
+        return lambda: pack_batch_for_verl(
+            decode_vllm_batch(reqs, meta), prompts, codec=codec, validate=False
+        )
+
+    paths: dict[str, Callable[[], Any]] = {
+        "verl": verl_convert,
+        "decode": lambda: decode_vllm_batch(reqs, meta),
+        "decode_layout_uint8": layout(torch.uint8),
+        "decode_layout_int16": layout(torch.int16),
+        **{f"decode_{codec}": encode(codec) for codec in CODECS},
+    }
+    shipped = {
+        name: fn().nbytes if name.startswith("decode_layout") else None
+        for name, fn in paths.items()
+    }
+    for codec in CODECS:
+        shipped[f"decode_{codec}"] = paths[f"decode_{codec}"]().nbytes
+    times = alternate(paths, repeat)
+    out: dict[str, Any] = {
+        "idcheck_kernel": idcheck_words.kernel(),
+        "rounds": repeat,
+        "verl_ms": statistics.median(times["verl"]) * 1e3,
+        "ms": {name: statistics.median(ts) * 1e3 for name, ts in times.items()},
+        "rr_over_verl": {
+            name: statistics.median(t / v for t, v in zip(ts, times["verl"], strict=True))
+            for name, ts in times.items()
+            if name != "verl"
+        },
+        "bytes_per_token": {name: n / num_tokens for name, n in shipped.items() if n is not None},
+    }
+    out["bytes_over_verl"] = {k: v / verl_bytes for k, v in out["bytes_per_token"].items()}
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     result = run(args.samples, args.tokens, args.repeat)
@@ -128,7 +196,9 @@ def main() -> None:
         print(json.dumps(result))
         return
     for key, value in result.items():
-        if isinstance(value, dict):
+        if key == "side_by_side":
+            print(json.dumps(value, indent=1))
+        elif isinstance(value, dict):
             print(
                 key,
                 " ".join(

@@ -5,7 +5,9 @@ Shape legend: N rows of the batch (every token of every completion), L layer slo
 :func:`decode_vllm_output` places each completion in arrays of its own, which
 :func:`~rr_vllm.validate_samples` then concatenates: two copies, and the first lands in many
 small fresh arrays, each page of which the kernel faults in separately. Here every completion's
-rows are copied once, into their place in a single batch buffer.
+rows are copied once, into their place in a single batch buffer, the completions split across
+``torch.get_num_threads()`` threads (numpy's copies release the GIL; a fresh buffer's pages are
+faulted in by the thread that first writes them, so the copy into fresh memory scales too).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 
 from rr_core import RouteBatch, RouteMeta
+from rr_core._threads import over_ranges
 from rr_vllm._decode import (
     Request,
     _compact_dtype,
@@ -25,7 +28,7 @@ from rr_vllm._decode import (
     read_request,
 )
 from rr_vllm._errors import EngineOutputError
-from rr_vllm._validate import check_all_layers, check_logical, is_aborted, validate_samples
+from rr_vllm._validate import batch_samples, check_all_layers, check_logical, is_aborted
 
 
 def _direct(requests: Sequence[Request], dtype: np.dtype[Any]) -> bool:
@@ -52,6 +55,7 @@ def decode_vllm_batch(
     allow_all_zero: bool = False,
     allow_physical: bool = False,
     logical_experts: int | None = None,
+    validate: bool = True,
 ) -> RouteBatch:
     """Every completion of every vLLM ``RequestOutput`` (request-major, as
     :func:`~rr_vllm.flatten_completions` orders them) as one validated all-layers
@@ -61,6 +65,10 @@ def decode_vllm_batch(
     meta, prompt_start=...) for r in request_outputs]), meta, ...)``; when the engine's arrays
     are already in the batch's dtype (vLLM 0.22+ returns uint8 up to 256 experts) each is
     copied once, straight into the batch.
+
+    ``validate=False`` skips rr_core's id checks (range, K distinct ids, empty dense slots, E1),
+    for a caller that runs them itself later (``pack_batch_for_verl(..., validate=True)``);
+    shapes, row counts, missing routes and E2 are checked either way.
     """
     check_all_layers(meta)
     if isinstance(request_outputs, str | bytes | Mapping) or not isinstance(
@@ -77,12 +85,13 @@ def decode_vllm_batch(
             for r in request_outputs
             for s in decode_vllm_output(r, meta, prompt_start=prompt_start)
         ]
-        return validate_samples(
+        return batch_samples(
             samples,
             meta,
             allow_all_zero=allow_all_zero,
             allow_physical=allow_physical,
             logical_experts=logical_experts,
+            validate=validate,
         )
     lengths = [
         r.num_prompt_tokens + c.num_generated_tokens for r in requests for c in r.completions
@@ -91,9 +100,11 @@ def decode_vllm_batch(
     L, K = len(meta.layer_numbers), meta.top_k
     values_NLK = np.zeros((int(offsets[-1]), L, K), dtype=dtype)
     valid_N = np.zeros(int(offsets[-1]), dtype=bool)
-    i = 0
-    for r in requests:
-        for c in r.completions:
+    flat = [(r, c) for r in requests for c in r.completions]
+
+    def place(start: int, stop: int) -> None:  # completions [start, stop), in order
+        for i in range(start, stop):
+            r, c = flat[i]
             rows = slice(int(offsets[i]), int(offsets[i + 1]))
             sample = decode_routes_array(
                 c.rows,
@@ -109,11 +120,14 @@ def decode_vllm_batch(
                 check_logical(
                     sample.routes_TLK, sample.valid_T, meta, logical_experts, where=f"sample {i}"
                 )
-            i += 1
+
+    # the first error in completion order is raised: each thread runs its range in order
+    over_ranges(len(flat), 1, place)
     return RouteBatch(
         torch.from_numpy(values_NLK),
         torch.from_numpy(offsets),
         torch.from_numpy(valid_N),
         meta,
+        validate=validate,
         allow_all_zero=allow_all_zero,
     )

@@ -31,7 +31,13 @@ def is_aborted(finish_reason: str | None) -> bool:
 def check_row_count(num_rows: int, num_tokens: int, prompt_start: int) -> None:
     """The engine returned ``T - prompt_start - 1`` or ``T - prompt_start`` rows, else raise
     :class:`~rr_core.AlignmentError` (rr_core's :func:`~rr_core.align_routes`, on an empty
-    payload so that nothing is copied)."""
+    payload so that nothing is copied; only when the count is off, since building its tensors
+    costs more than the check on a batch of many samples)."""
+    if 0 <= prompt_start <= num_tokens and num_rows in (
+        num_tokens - prompt_start - 1,
+        num_tokens - prompt_start,
+    ):
+        return
     align_routes(
         torch.empty((num_rows, 0, 0), dtype=torch.int8), num_tokens, prompt_start=prompt_start
     )
@@ -94,6 +100,25 @@ def validate_samples(
     ``[0, E)`` or ``[0, logical_experts)`` (E2, unless ``allow_physical``), repeated ids, non-zero
     dense slots, or a MoE slot that is zero on a whole sequence (E1, unless ``allow_all_zero``).
     """
+    return batch_samples(
+        samples,
+        meta,
+        allow_all_zero=allow_all_zero,
+        allow_physical=allow_physical,
+        logical_experts=logical_experts,
+    )
+
+
+def batch_samples(
+    samples: Sequence[SampleRoutes | None],
+    meta: RouteMeta,
+    *,
+    allow_all_zero: bool = False,
+    allow_physical: bool = False,
+    logical_experts: int | None = None,
+    validate: bool = True,
+) -> RouteBatch:
+    """:func:`validate_samples`; ``validate=False`` skips rr_core's id checks (not E2)."""
     check_all_layers(meta)
     present: list[SampleRoutes] = []
     for i, s in enumerate(samples):
@@ -109,5 +134,6 @@ def validate_samples(
         [s.routes_TLK for s in present],
         meta,
         valid=[s.valid_T for s in present],
+        validate=validate,
         allow_all_zero=allow_all_zero,
     )

@@ -35,6 +35,7 @@ from rr_core.codecs.bitpack import (
 )
 from rr_core.codecs.bitpack_bytes import pack_byte_ids, unpack_byte_ids
 from rr_core.codecs.bitpack_words import WordPacker, WordUnpacker, covers, pack_words, unpack_words
+from rr_core.codecs.rows import pack_valid_cpu, valid_rows
 from rr_core.codecs.sets import rank_sets, set_width, single_rank, unrank_sets, unrank_single
 from rr_core.codecs.sets_fast import fast_shape, rank_fast, unrank_fast, unrank_from
 from rr_core.errors import CodecError
@@ -100,6 +101,8 @@ class EncodedRoutes:
 
 def pack_valid(valid_N: torch.Tensor) -> torch.Tensor:
     """The validity mask as uint8 bits, little bit order."""
+    if (bits := pack_valid_cpu(valid_N.reshape(-1))) is not None:
+        return bits
     N = valid_N.numel()
     padded = torch.zeros(-(-N // 8) * 8, dtype=torch.uint8, device=valid_N.device)
     padded[:N] = valid_N
@@ -135,7 +138,7 @@ def encode_routes(batch: RouteBatch, codec: str = DEFAULT_CODEC) -> EncodedRoute
     if len(moe) != values_NLK.shape[1]:
         values_NLK = values_NLK.index_select(1, torch.tensor(moe, device=values_NLK.device))
     all_valid = bool(batch.valid_N.all())
-    rows_VMK = values_NLK if all_valid else values_NLK[batch.valid_N]
+    rows_VMK = values_NLK if all_valid else valid_rows(values_NLK, batch.valid_N)
     if rows_VMK.numel():
         lo, hi = (int(v) for v in torch.aminmax(rows_VMK))
         if lo < 0 or hi >= meta.num_experts:

@@ -1,0 +1,159 @@
+"""The two row-word kernels (numpy, and numba where it imports) give the same flags bit for bit,
+and the flags a plain per-row reading gives; the kernel is chosen as documented."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rr_core.codecs import sets_fast
+from rr_core.routes import idcheck_numba
+from rr_core.routes import idcheck_words as words
+
+needs_numba = pytest.mark.skipif(not idcheck_numba.available(), reason="numba is not installed")
+
+
+def reference(ids_RK: np.ndarray, num_experts: int) -> np.ndarray:
+    """``[3, R]`` flags read row by row: an id >= E, a repeated id, a non-zero id."""
+    rows = ids_RK.tolist()
+    flags = [(max(r) >= num_experts, len(set(r)) < len(r), any(r)) for r in rows]
+    return np.array(flags, dtype=bool).reshape(-1, 3).T
+
+
+def flags(ids_RK: np.ndarray, num_experts: int, kernel: str) -> np.ndarray:
+    with words.use_kernel(kernel):
+        return np.stack(
+            [f.numpy() for f in words.word_flags(torch.from_numpy(ids_RK), num_experts)]
+        )
+
+
+def draw_rows(rng: np.random.Generator, rows: int, k: int, num_experts: int) -> np.ndarray:
+    """Top-k rows of [0, E), rows repeating one id, zero rows and ids around E."""
+    ids = rng.integers(0, 256, size=(rows, k), dtype=np.uint8)
+    distinct = rng.random(rows) < 0.5
+    ids[distinct] = np.argsort(rng.random((int(distinct.sum()), min(max(num_experts, k), 256))), 1)[
+        :, :k
+    ]
+    repeat = np.flatnonzero(rng.random(rows) < 0.2)  # one id copied to another place in the row
+    if repeat.size:
+        src, dst = rng.integers(0, k, repeat.size), rng.integers(0, k, repeat.size)
+        ids[repeat, dst] = ids[repeat, src]
+    ids[rng.random(rows) < 0.1] = 0
+    close = rng.random((rows, k)) < 0.1
+    ids[close] = np.clip(num_experts - 1 + rng.integers(0, 2, int(close.sum())), 0, 255)
+    return ids
+
+
+EXPERTS = [1, 2, 8, 60, 64, 127, 128, 129, 160, 200, 255, 256, 300]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    k=st.sampled_from([2, 4, 8]),
+    num_experts=st.sampled_from(EXPERTS),
+    rows=st.integers(1, 400),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_numpy_kernel_matches_a_plain_reading(
+    k: int, num_experts: int, rows: int, seed: int
+) -> None:
+    ids = draw_rows(np.random.default_rng(seed), rows, k, num_experts)
+    assert np.array_equal(flags(ids, num_experts, "numpy"), reference(ids, num_experts))
+
+
+@needs_numba
+@settings(max_examples=300, deadline=None)
+@given(
+    k=st.sampled_from([2, 4, 8]),
+    num_experts=st.sampled_from(EXPERTS),
+    rows=st.integers(1, 400),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_numba_kernel_equals_numpy_bit_for_bit(
+    k: int, num_experts: int, rows: int, seed: int
+) -> None:
+    ids = draw_rows(np.random.default_rng(seed), rows, k, num_experts)
+    compiled = flags(ids, num_experts, "numba")
+    assert np.array_equal(compiled, flags(ids, num_experts, "numpy"))
+    assert np.array_equal(compiled, reference(ids, num_experts))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    row=st.lists(st.integers(0, 255), min_size=8, max_size=8), num_experts=st.sampled_from(EXPERTS)
+)
+def test_every_byte_pattern_of_one_row(row: list[int], num_experts: int) -> None:
+    """Any 8 bytes, as hypothesis shrinks them (ids equal at every distance, 0 and 255)."""
+    ids = np.array([row], dtype=np.uint8)
+    want = reference(ids, num_experts)
+    for kernel in words.KERNELS if idcheck_numba.available() else ("numpy",):
+        assert np.array_equal(flags(ids, num_experts, kernel), want), kernel
+
+
+@pytest.mark.parametrize("kernel", [pytest.param("numba", marks=needs_numba), "numpy"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_rows_of_every_thread_are_checked(
+    kernel: str, threads: int, torch_threads: Callable[[int], None]
+) -> None:
+    torch_threads(threads)
+    n = 3 * words.CHUNK + 5
+    ids = np.tile(np.arange(8, dtype=np.uint8), (n, 1))
+    ids[-1, 7] = 3  # a repeat in the last row
+    ids[2 * words.CHUNK + 1, 0] = 200  # out of range in the last thread's range
+    out_of_range, repeated, nonzero = flags(ids, 128, kernel)
+    assert np.flatnonzero(repeated).tolist() == [n - 1]
+    assert np.flatnonzero(out_of_range).tolist() == [2 * words.CHUNK + 1]
+    assert nonzero.all()
+
+
+def test_default_kernel_is_numba_where_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert words.kernel() == ("numba" if idcheck_numba.available() else "numpy")
+    monkeypatch.setattr(idcheck_numba, "_NUMBA", [None])  # numba does not import
+    assert words.kernel() == "numpy"
+    with pytest.raises(ImportError, match=r"rr-core\[numba\]"), words.use_kernel("numba"):
+        pass
+
+
+def test_an_unknown_kernel_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(words, "_CHOSEN", ["cuda"])  # RR_IDCHECK_KERNEL=cuda
+    with pytest.raises(ValueError, match="RR_IDCHECK_KERNEL must be one of"):
+        words.kernel()
+
+
+@needs_numba
+@settings(max_examples=100, deadline=None)
+@given(
+    num_experts=st.sampled_from([8, 9, 60, 128, 160, 256]),
+    rows=st.integers(1, 300),
+    repeat=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_compiled_set_ranks_equal_numpy(
+    num_experts: int, rows: int, repeat: bool, seed: int
+) -> None:
+    """The set codec's compiled ranking gives numpy's ranks (and its refusal of a repeat), so the
+    encoded payload is the same bytes."""
+    rng = np.random.default_rng(seed)
+    ids = np.argsort(rng.random((rows, num_experts)), axis=1)[:, :8].astype(np.uint8)
+    if repeat:
+        r, i, j = rng.integers(0, rows), *rng.choice(8, 2, replace=False)
+        ids[r, i] = ids[r, j]
+    t = torch.from_numpy(ids)
+    for put in (False, True):
+        got: dict[str, object] = {}
+        for kernel in words.KERNELS:
+            blocks: list[tuple[int, list[int], int]] = []
+            with words.use_kernel(kernel):
+                ranks = sets_fast.rank_fast(
+                    t,
+                    num_experts,
+                    (lambda a, r, f, b=blocks: b.append((a, r.tolist(), f))) if put else None,
+                )
+            got[kernel] = (None if ranks is None else ranks.tolist(), sorted(blocks))
+        assert got["numba"] == got["numpy"]
+        assert (got["numpy"][0] is None) == repeat
