@@ -14,7 +14,9 @@ selection hook then hands Megatron's selection scores to :func:`rr_core.router_t
   for that call (the real group setting is applied by :func:`_select`).
 
 Everything around the selection (score function, pre-softmax, expert bias, scaling factor,
-capacity, aux / seq-aux / global-aux and z losses) stays Megatron's code on every line.
+capacity, aux / seq-aux / global-aux and z losses) stays Megatron's code on every line, except
+the expert-bias token count of a call with a ``padding_mask`` on the lines where Megatron's is
+wrong (G1, :mod:`rr_megatron_compat._stats`).
 Routers that are not attached, or attached in OFF mode, run Megatron's code untouched.
 """
 
@@ -76,9 +78,11 @@ def routing_wrapper(
     if instance is None or _active_mode(instance) is ReplayMode.OFF:
         return wrapped(*args, **kwargs)
     call = _Call(instance)
+    padding_mask = _padding_mask(args, kwargs)
     token = _CALL.set(call)
     try:
-        probs, routing_map = wrapped(*args, **kwargs)
+        with _stats.megatron_update_off(instance, padding_mask) as count:  # G1
+            probs, routing_map = wrapped(*args, **kwargs)
     finally:
         _CALL.reset(token)
     if not call.fired:
@@ -89,7 +93,7 @@ def routing_wrapper(
             "moe_enable_routing_replay (call rr_megatron_compat.enable_replay(config) before "
             "building the model); see `rr explain C2`"
         )
-    _stats.after_routing(instance, routing_map, _padding_mask(args, kwargs))
+    _stats.after_routing(instance, routing_map, padding_mask, count=count)
     if _active_mode(instance) is ReplayMode.REPLAY:
         _dispatcher.mark_replayed()
     return probs, routing_map

@@ -18,6 +18,12 @@ MEGATRON_FEATURES: dict[str, str] = {
     # TopKRouter.routing(logits, padding_mask=None): Megatron leaves padding rows out of its
     # own statistics.
     "padding_mask": ">=0.16",
+    # G1: TopKRouter._apply_expert_bias combines routing_map [T, E] with ~padding_mask [T]
+    # without unsqueeze (Megatron issue #6114): it raises when T != E and, when T == E, masks
+    # expert e by token e's padding, so the expert-bias counts are silently wrong. Read in
+    # 0.16.1 and 0.19.2; fixed only on Megatron's main (no release carries the fix yet).
+    # rr counts in Megatron's place on these lines (correct on fixed code too).
+    "expert_bias_padding_unbroadcast": ">=0.16,<0.20",
 }
 
 #: What the CPU harness (rr_fakes.megatron) shims or passes per line, as version specifiers.
@@ -84,6 +90,13 @@ VERL_ROLLOUT_DEPS: tuple[str, ...] = (
     "fastapi==0.165.0",
 )
 
+#: MEGATRON_FEATURES["expert_bias_padding_unbroadcast"], as ``rr megatron`` says it.
+_G1_EXPERT_BIAS = (
+    "expert-bias counts with a padding_mask: routing_map & ~padding_mask without unsqueeze "
+    "raises when tokens != experts and miscounts when equal (G1, Megatron #6114; rr counts in "
+    "its place)"
+)
+
 #: Known issues of each line that matter to replay (``rr megatron`` prints them).
 KNOWN_ISSUES: dict[str, tuple[str, ...]] = {
     "0.12": (
@@ -109,11 +122,20 @@ KNOWN_ISSUES: dict[str, tuple[str, ...]] = {
         "native RouterReplay: process-global list in construction order (orphans first when a "
         "model is built twice: A1), FIFO backward targets (B1), fusion skips it silently (C2)",
         "alltoall dispatcher sizes dropless output as tokens * topk (C1)",
+        _G1_EXPERT_BIAS,
     ),
-    "0.17": ("native RouterReplay as in 0.16; MTP routers carry is_mtp_layer",),
-    "0.18": ("native RouterReplay as in 0.16", "import needs triton (undeclared)"),
+    "0.17": (
+        "native RouterReplay as in 0.16; MTP routers carry is_mtp_layer",
+        _G1_EXPERT_BIAS,
+    ),
+    "0.18": (
+        "native RouterReplay as in 0.16",
+        "import needs triton (undeclared)",
+        _G1_EXPERT_BIAS,
+    ),
     "0.19": (
         "native RouterReplay gains layer_number",
         "import needs triton (undeclared)",
+        _G1_EXPERT_BIAS,
     ),
 }

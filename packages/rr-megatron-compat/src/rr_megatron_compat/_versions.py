@@ -60,6 +60,10 @@ class MegatronLine:
     score_function_topk: bool
     #: ``TopKRouter.routing(logits, padding_mask=None)`` (0.16+).
     padding_mask: bool
+    #: ``TopKRouter._apply_expert_bias`` masks ``routing_map`` [T, E] with ``~padding_mask`` [T]
+    #: un-broadcast (G1, Megatron #6114: an error when T != E, wrong counts when T == E); rr
+    #: counts in its place on these lines (0.16 - 0.19.2).
+    expert_bias_padding_unbroadcast: bool
 
     @property
     def line(self) -> str:
