@@ -21,7 +21,8 @@ MEGATRON_FEATURES: dict[str, str] = {
     # G1: TopKRouter._apply_expert_bias combines routing_map [T, E] with ~padding_mask [T]
     # without unsqueeze (Megatron issue #6114): it raises when T != E and, when T == E, masks
     # expert e by token e's padding, so the expert-bias counts are silently wrong. Read in
-    # 0.16.1 and 0.19.2; fixed only on Megatron's main (no release carries the fix yet).
+    # 0.16.0, 0.16.1, 0.17.1, 0.18.2, 0.19.0 and 0.19.2; fixed only on Megatron's main (no
+    # release carries the fix yet).
     # rr counts in Megatron's place on these lines (correct on fixed code too).
     "expert_bias_padding_unbroadcast": ">=0.16,<0.20",
 }
