@@ -11,7 +11,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rr_core.codecs import sets_fast
 from rr_core.routes import idcheck_numba
 from rr_core.routes import idcheck_words as words
 
@@ -123,37 +122,3 @@ def test_an_unknown_kernel_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(words, "_CHOSEN", ["cuda"])  # RR_IDCHECK_KERNEL=cuda
     with pytest.raises(ValueError, match="RR_IDCHECK_KERNEL must be one of"):
         words.kernel()
-
-
-@needs_numba
-@settings(max_examples=100, deadline=None)
-@given(
-    num_experts=st.sampled_from([8, 9, 60, 128, 160, 256]),
-    rows=st.integers(1, 300),
-    repeat=st.booleans(),
-    seed=st.integers(0, 2**32 - 1),
-)
-def test_compiled_set_ranks_equal_numpy(
-    num_experts: int, rows: int, repeat: bool, seed: int
-) -> None:
-    """The set codec's compiled ranking gives numpy's ranks (and its refusal of a repeat), so the
-    encoded payload is the same bytes."""
-    rng = np.random.default_rng(seed)
-    ids = np.argsort(rng.random((rows, num_experts)), axis=1)[:, :8].astype(np.uint8)
-    if repeat:
-        r, i, j = rng.integers(0, rows), *rng.choice(8, 2, replace=False)
-        ids[r, i] = ids[r, j]
-    t = torch.from_numpy(ids)
-    for put in (False, True):
-        got: dict[str, object] = {}
-        for kernel in words.KERNELS:
-            blocks: list[tuple[int, list[int], int]] = []
-            with words.use_kernel(kernel):
-                ranks = sets_fast.rank_fast(
-                    t,
-                    num_experts,
-                    (lambda a, r, f, b=blocks: b.append((a, r.tolist(), f))) if put else None,
-                )
-            got[kernel] = (None if ranks is None else ranks.tolist(), sorted(blocks))
-        assert got["numba"] == got["numpy"]
-        assert (got["numpy"][0] is None) == repeat

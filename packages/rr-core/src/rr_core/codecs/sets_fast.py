@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from rr_core._threads import over_ranges
-from rr_core.codecs import sets_numba
 from rr_core.codecs.sets import _greedy_cpu
 
 Put = Callable[[int, np.ndarray, int], object]  # (first row, int64 ranks as uint64, next rank)
@@ -131,17 +130,9 @@ def _rank_range(
     same = np.empty(B, dtype=bool)
     t_idx, t_part = torch.from_numpy(idx), torch.from_numpy(part)
     t_tables = [torch.from_numpy(t) for t in tables]
-    compiled = sets_numba.enabled()
     for a in range(start, stop, B - 1):
         n = min(B - 1, stop - a)
         extra = int(put is not None and a + n == stop < src_RK.shape[0])  # the next range's row
-        if compiled:  # the same ranks from one compiled pass
-            acc = out[a : a + n] if put is None else acc_B[: n + extra]
-            if not sets_numba.rank_rows(src_RK, a, n + extra, shift, tables, DUP, acc):
-                return False
-            if put is not None:
-                put(a, acc[:n].view(np.uint64), int(acc[n]) if extra else 0)
-            continue
         np.copyto(cols_KB[:, : n + extra], src_RK[a : a + n + extra].T)
         c = [cols_KB[i, : n + extra] for i in range(TOP_K)]
         spare = cols[TOP_K][: n + extra]
