@@ -115,7 +115,7 @@ def fault(**header) -> str:
         (fault(replayed=T - 1), "ALL selector with 8 replayed of 9"),
         (fault(start=1), "ALL replays every token from 0"),
         (fault(total=T + 1), "covers 10 tokens; the sample has 9"),
-        (fault(matrix_len=T * 6 + 6), r"truncated \(G10\)"),
+        (fault(matrix_len=T * 6 + 6), r"truncated \(see `rr explain G10`\)"),
         (fault(matrix_len=T * 6 - 6), "trailing bytes"),
         (r3v1_wrap(b"R3V1" + bytes(20)), "fewer than the 32-byte header"),
     ],
@@ -137,7 +137,7 @@ def test_uint16_without_little_endian_flag_is_refused() -> None:
 def test_truncated_matrix_is_an_error_not_a_partial_result() -> None:
     raw = r3v1_raw(moe_ids(META), np.ones(T, dtype=bool))
     for cut in (1, 6, 7, 30):
-        with pytest.raises(EngineOutputError, match=r"truncated \(G10\)"):
+        with pytest.raises(EngineOutputError, match=r"truncated \(see `rr explain G10`\)"):
             decode(r3v1_wrap(raw[:-cut]))
 
 
@@ -165,8 +165,10 @@ def test_bitmap_length_mismatch() -> None:
 
 def test_suffix_past_the_end_and_selector_bytes_on_suffix() -> None:
     ids, valid = moe_ids(META), np.arange(T) >= 4
-    with pytest.raises(EngineOutputError, match="past its end"):
+    with pytest.raises(EngineOutputError, match="a suffix ends at token"):
         decode(r3v1_wrap(r3v1_raw(ids, valid, selector="suffix", start=5)))
+    with pytest.raises(EngineOutputError, match="a suffix ends at token"):  # stops short
+        decode(r3v1_wrap(r3v1_raw(ids, valid, selector="suffix", start=3)))
     raw = r3v1_raw(ids, valid, selector="suffix")
     head = struct.unpack_from("<4sBBBBIIIIQ", raw)
     bad = struct.pack("<4sBBBBIIIIQ", *head[:8], 1, head[9]) + b"\x00" + raw[32:]

@@ -79,7 +79,9 @@ def test_n_choices_share_the_first_chunks_prompt() -> None:
 @pytest.mark.parametrize("chat", [False, True])
 def test_openai_streams_are_refused_by_name(chat: bool) -> None:
     out, _ = _output()
-    with pytest.raises(EngineOutputError, match=r"G5, vLLM RFC #56745.*inference/v1/generate"):
+    with pytest.raises(
+        EngineOutputError, match=r"vLLM RFC #56745; see `rr explain G5`.*inference/v1/generate"
+    ):
         decode_vllm_stream(openai_stream(out, chat=chat), META)
 
 

@@ -24,7 +24,8 @@ its tests, merged 2026-05); each field below is as it states, unless marked *ass
 Stricter than that description, because a route must be exact or refused: the body must be
 exactly header + selector + matrix (a truncated matrix is an error, never a partial result,
 G10); a BITMAP is exactly ``ceil(T / 8)`` bytes with ``R`` bits set and no bit past ``T``; ALL
-and SUFFIX carry no selector bytes, ALL starts at 0 (*assumed*); unknown flag bits and a uint16
+and SUFFIX carry no selector bytes, ALL starts at 0, a SUFFIX ends at the last token
+(*assumed*); unknown flag bits and a uint16
 matrix without the little-endian bit are refused; no replayed token on a finished request is
 missing routes (D3). Token ``i``'s matrix is its route as the input token, as in every engine
 (*assumed*: the description does not say).
@@ -150,7 +151,11 @@ def read_r3v1_header(raw: bytes) -> R3v1Header:
         raise EngineOutputError(
             f"R3/v1 payload has {len(raw) - HEADER.size} body bytes; the header promises "
             f"{sel} selector + {mat} matrix bytes = {sel + mat}: "
-            + ("truncated (G10)" if len(raw) < HEADER.size + sel + mat else "trailing bytes")
+            + (
+                "truncated (see `rr explain G10`)"
+                if len(raw) < HEADER.size + sel + mat
+                else "trailing bytes"
+            )
         )
     return R3v1Header(version, SELECTORS[mode], width, flags, t, r, start, sel, mat)
 
@@ -171,10 +176,10 @@ def _positions(h: R3v1Header, selector: bytes) -> np.ndarray:
             )
         return np.arange(t)
     if h.selector == "suffix":
-        if h.replay_start + r > t:
+        if h.replay_start + r != t:  # a suffix ends at the last token: start is redundant
             raise EngineOutputError(
                 f"R3/v1 SUFFIX selector replays tokens {h.replay_start}..{h.replay_start + r - 1} "
-                f"of a {t}-token sample: past its end"
+                f"of a {t}-token sample; a suffix ends at token {t - 1}"
             )
         return np.arange(h.replay_start, h.replay_start + r)
     if len(selector) != (t + 7) // 8:
@@ -261,7 +266,8 @@ def decode_r3v1(
     if t != h.total_tokens:
         raise EngineOutputError(
             f"R3/v1 envelope covers {h.total_tokens} tokens; the sample has {t} ({p} prompt + "
-            f"{t - p} generated): routes of another sample, or tokens trimmed differently (D1)"
+            f"{t - p} generated): routes of another sample, or tokens trimmed differently "
+            "(see `rr explain D1`)"
         )
     if is_aborted(finish_reason):
         return decode_routes_array(

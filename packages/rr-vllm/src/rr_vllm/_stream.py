@@ -107,7 +107,8 @@ def _gather(stream: Iterable[Any]) -> _Stream:
         if chunk.get("object") in _OPENAI_OBJECTS:
             raise EngineOutputError(
                 f"{what} is an OpenAI streaming chunk ({chunk.get('object')!r}): vLLM's OpenAI "
-                f"streaming path drops the routed experts (G5, vLLM RFC #56745); {_FIX}"
+                "streaming path drops the routed experts (vLLM RFC #56745; see `rr explain G5`); "
+                f"{_FIX}"
             )
         items = chunk.get("choices", [])
         if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
@@ -126,7 +127,8 @@ def _gather(stream: Iterable[Any]) -> _Stream:
             if "delta" in c or ("text" in c and "routed_experts" not in c):
                 raise EngineOutputError(
                     f"{what}: an OpenAI streaming choice (no routed_experts field): vLLM's OpenAI "
-                    f"streaming path drops the routed experts (G5, vLLM RFC #56745); {_FIX}"
+                    "streaming path drops the routed experts (vLLM RFC #56745; "
+                    f"see `rr explain G5`); {_FIX}"
                 )
             state = choices.setdefault(index, _Choice())
             where = f"{what}, choice {index}"

@@ -260,7 +260,7 @@ class Trajectory:
         if t < self.num_tokens:
             raise EngineOutputError(
                 f"num_tokens={t} is shorter than the trajectory's {self.num_tokens} tokens: "
-                "truncate afterwards with truncate_response (D7)"
+                "truncate afterwards with truncate_response (see `rr explain D7`)"
             )
         L, K = self._blocks[0].shape[1:]
         routes_TLK = np.zeros((t, L, K), dtype=np.result_type(*self._blocks))
