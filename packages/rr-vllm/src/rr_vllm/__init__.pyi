@@ -40,6 +40,14 @@ from ._prompt_start import (
     drop_rows_before as drop_rows_before,
     prompt_start_to_send as prompt_start_to_send,
 )
+from ._sglang import (
+    decode_sglang_openai as decode_sglang_openai,
+    decode_sglang_stream as decode_sglang_stream,
+)
+from ._versions import (
+    SglangFlags as SglangFlags,
+    sglang_flags as sglang_flags,
+)
 from ._store import (
     explain_store_errors as explain_store_errors,
     is_store_eviction as is_store_eviction,

@@ -59,3 +59,53 @@ TRTLLM_CANCELLED: tuple[str, ...] = ("cancelled",)
 #: and the optional extra that brings its zstd decompressor.
 R3V1_VERSIONS: tuple[int, ...] = (1,)
 R3V1_EXTRA = "r3v1"
+
+#: SGLang releases rr decodes: capture arrived in 0.5.7 (sgl-project/sglang PR #12162).
+SGLANG_SUPPORTED = ">=0.5.7,<0.5.24"
+
+#: SGLang behaviours that changed across releases (read in each wheel's sglang/srt), as version
+#: specifiers; each becomes one boolean of :class:`rr_vllm._versions.SglangFlags`. On every release
+#: the wire form is the same: base64 of the int32 ``[seqlen - 1 - start_len, L, K]`` tensor's raw
+#: bytes (``tensor.numpy().tobytes()``, native little-endian, no header).
+SGLANG_FEATURES: dict[str, str] = {
+    # meta_info["routed_experts"] on /generate and Engine.generate (PR #12162).
+    "capture": ">=0.5.7",
+    # Engine.generate with skip_tokenizer_init puts the int32 torch tensor itself in meta_info:
+    # only the detokenizer encoded (managers/tokenizer_manager.py, 0.5.7-0.5.9).
+    "tensor_without_tokenizer": ">=0.5.7,<0.5.10",
+    # routed_experts_start_len honoured: rows cover [start_len, seqlen - 1), the scheduler aborts
+    # a request whose start_len is outside 0..P (PR #24851). 0.5.8-0.5.11 declare the field in
+    # io_struct.GenerateReqInput but never forward it: the rows start at 0 whatever was sent.
+    "start_len": ">=0.5.12",
+    # OpenAI /v1/completions and /v1/chat/completions: routes in the response-level
+    # ``sglext.routed_experts`` (protocol.SglExt), of the first choice only; streamed as one chunk
+    # with ``choices: []`` after the last token.
+    "openai_sglext": ">=0.5.9",
+    # Non-streaming chat with return_meta_info=true: each choice's meta_info carries its routes.
+    "chat_meta_info": ">=0.5.13",
+    # ... and sglext no longer carries them then (serving_chat.py).
+    "chat_meta_info_only": ">=0.5.19",
+}
+
+#: Where the base64 encoding happens, by release (what a proxy that re-encodes must know).
+SGLANG_ENCODER: dict[str, str] = {
+    ">=0.5.7,<0.5.10": "DetokenizerManager._extract_routed_experts (PR #12162)",
+    ">=0.5.10,<0.5.11": "TokenizerManager, every path (PR #21634)",
+    ">=0.5.11": "DetokenizerManager._b64_encode_per_request, TokenizerManager for "
+    "skip_tokenizer_init (PR #24263)",
+}
+
+#: The module holding SGLang's own client helper extract_routed_experts_from_meta_info.
+SGLANG_CAPTURER_MODULE: dict[str, str] = {
+    ">=0.5.7,<0.5.12": "sglang.srt.layers.moe.routed_experts_capturer",
+    ">=0.5.12": "sglang.srt.state_capturer.routed_experts",
+}
+
+#: The releases the SGLang real-class tests run against, one era each, installed with
+#: ``--no-deps`` plus the pure-Python packages that sglang/srt/entrypoints/openai/protocol.py,
+#: sglang/utils.py and sglang/srt/environ.py import (``import sglang`` itself needs triton and,
+#: 0.5.11-0.5.21, torchvision: CUDA-only wheels, so the tests load those files alone).
+TESTED_SGLANG: tuple[str, ...] = ("0.5.7", "0.5.9", "0.5.10", "0.5.12", "0.5.23")
+SGLANG_IMPORT_DEPS: tuple[str, ...] = (
+    "pydantic", "openai", "pybase64", "requests", "tqdm", "ipython", "msgspec",
+)  # fmt: skip

@@ -14,7 +14,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from rr_vllm._errors import CaptureError
-from rr_vllm._supported import SUPPORTED, VLLM_FEATURES
+from rr_vllm._supported import SGLANG_FEATURES, SGLANG_SUPPORTED, SUPPORTED, VLLM_FEATURES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,3 +87,41 @@ def resolve_flags(version: str | None) -> VllmFlags:
             f"(enable_return_routed_experts) arrived in 0.14; upgrade to vllm{SUPPORTED['vllm']}"
         )
     return flags
+
+
+@dataclass(frozen=True, kw_only=True)
+class SglangFlags:
+    """What one SGLang release does with routed experts (one field per ``SGLANG_FEATURES`` key)."""
+
+    version: str
+    capture: bool
+    tensor_without_tokenizer: bool
+    start_len: bool
+    openai_sglext: bool
+    chat_meta_info: bool
+    chat_meta_info_only: bool
+
+    @property
+    def supported(self) -> bool:
+        """Inside this package's tested range (``SGLANG_SUPPORTED``)."""
+        return _release(self.version) in SpecifierSet(SGLANG_SUPPORTED)
+
+
+def sglang_flags(version: str) -> SglangFlags:
+    """The flags of one SGLang version string such as ``'0.5.23'`` (cached per version); one
+    before capture (0.5.7) raises :class:`CaptureError`."""
+    _release(version)
+    flags = _sglang_flags(version)
+    if not flags.capture:
+        raise CaptureError(
+            f"SGLang {version} cannot return routed experts: return_routed_experts arrived in "
+            f"0.5.7; upgrade to sglang{SGLANG_SUPPORTED}"
+        )
+    return flags
+
+
+@functools.cache
+def _sglang_flags(version: str) -> SglangFlags:
+    release = _release(version)
+    flags = {name: release in SpecifierSet(spec) for name, spec in SGLANG_FEATURES.items()}
+    return SglangFlags(version=version, **flags)

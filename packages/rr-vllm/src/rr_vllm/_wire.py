@@ -1,5 +1,5 @@
-"""Routes on the wire: vLLM's HTTP answer (base64 of a ``.npy`` file per choice) and SGLang's
-``meta_info`` (base64 of raw int32, no header).
+"""Routes on the wire: vLLM's HTTP answer (base64 of a ``.npy`` file per choice). SGLang's forms
+are in :mod:`rr_vllm._sglang` (its two public names are re-exported here).
 
 Shape legend as in :mod:`rr_vllm._decode`. vLLM 0.21's HTTP choice carries only the ``G - 1``
 generation rows (int16, MoE layers only; the prompt rows are in ``RequestOutput`` offline, not in
@@ -30,10 +30,13 @@ from rr_vllm._decode import (
     place_rows,
 )
 from rr_vllm._errors import EngineOutputError
-from rr_vllm._fields import as_mapping, count, key, reason, token_count
+from rr_vllm._fields import as_mapping, key, reason, token_count
+from rr_vllm._sglang import decode_sglang, sglang_base64_to_array
 from rr_vllm._store import check_error_body
 from rr_vllm._validate import is_aborted
 from rr_vllm._versions import vllm_flags
+
+__all__ = ["decode_sglang", "decode_vllm_http", "npy_base64_to_array", "sglang_base64_to_array"]
 
 _NPY_HEADERS = {
     (1, 0): np.lib.format.read_array_header_1_0,
@@ -196,60 +199,3 @@ def decode_vllm_http(
             )
         )
     return out
-
-
-def sglang_base64_to_array(text: str, num_layers: int, top_k: int) -> IntArray:
-    """SGLang's routes string (base64 of raw little-endian int32, no header) as a read-only
-    ``[N, num_layers, top_k]`` view."""
-    if not isinstance(text, str | bytes):
-        raise EngineOutputError(
-            f"meta_info['routed_experts'] must be a base64 string; got {type(text).__name__}"
-        )
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError, TypeError) as e:
-        raise EngineOutputError(f"meta_info['routed_experts'] is not valid base64: {e}") from e
-    row = 4 * num_layers * top_k
-    if len(raw) % row:
-        raise EngineOutputError(
-            f"meta_info['routed_experts'] holds {len(raw)} bytes, not a multiple of "
-            f"4 * num_hidden_layers * top_k = 4 * {num_layers} * {top_k} = {row}; the model "
-            "config does not match the server's, or the string was truncated"
-        )
-    return np.frombuffer(raw, dtype="<i4").reshape(-1, num_layers, top_k)
-
-
-def decode_sglang(
-    response: Mapping[str, Any],
-    meta: RouteMeta,
-    *,
-    start_len: int = 0,
-    on_abort: AbortPolicy = "mask",
-) -> SampleRoutes | None:
-    """Routes of an SGLang ``/generate`` answer (or its ``meta_info``) sent with
-    ``return_routed_experts``; ``start_len`` is the request's ``routed_experts_start_len``."""
-    body = as_mapping(response, "the SGLang response")
-    check_error_body(body)
-    info = as_mapping(body.get("meta_info", body), "the SGLang response's meta_info")
-    what = f"SGLang request {info.get('id', '?')}"
-    finish = info.get("finish_reason")
-    reason_ = reason(
-        finish.get("type") if isinstance(finish, Mapping) else finish,
-        f"{what}: meta_info['finish_reason']",
-    )
-    p = count(key(info, "prompt_tokens", f"{what}: meta_info"), f"{what}: prompt_tokens")
-    g = count(key(info, "completion_tokens", f"{what}: meta_info"), f"{what}: completion_tokens")
-    text = info.get("routed_experts")
-    routes = None
-    if text is not None and not is_aborted(reason_):
-        routes = sglang_base64_to_array(text, len(meta.layer_numbers), meta.top_k)
-    return decode_routes_array(
-        routes,
-        meta,
-        num_prompt_tokens=p,
-        num_generated_tokens=g,
-        prompt_start=start_len,
-        finish_reason=reason_,
-        on_abort=on_abort,
-        what=what,
-    )

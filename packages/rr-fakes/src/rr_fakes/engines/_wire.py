@@ -5,9 +5,11 @@ What it mirrors (``vllm-facts.md``):
 - vLLM ``/v1/completions`` (non-streaming): ``choices[i].routed_experts`` is the base64 of a
   ``.npy`` file written with ``np.save(..., allow_pickle=False)``; None when the request
   aborted before any forward or capture is off.
-- SGLang: ``meta_info["routed_experts"]`` is the base64 of raw int32 bytes in C order with
-  **no shape header**; ``np.frombuffer`` gives a read-only flat array to reshape as
-  ``(-1, num_hidden_layers, num_experts_per_tok)``; rows cover ``[start_len, seqlen - 1)``.
+- SGLang (0.5.7 to 0.5.23, read in each wheel's sglang/srt): ``meta_info["routed_experts"]`` is
+  the base64 of raw int32 bytes in C order with **no shape header**; ``np.frombuffer`` gives a
+  read-only flat array to reshape as ``(-1, num_hidden_layers, num_experts_per_tok)``; rows cover
+  ``[start_len, seqlen - 1)`` from 0.5.12 (``[0, seqlen - 1)`` before). The OpenAI-compatible
+  answers (0.5.9+) carry the first choice's string in the response-level ``sglext``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from rr_fakes.engines._faults import (
     NO_FAULTS,
@@ -73,6 +76,11 @@ def vllm_http_response(request_output: Any, *, model: str = "rr-fakes") -> dict[
     }
 
 
+def _start_len_honoured(sglang_version: str) -> bool:
+    # routed_experts_start_len reaches the scheduler from 0.5.12 (sgl-project/sglang #24851)
+    return release_of(sglang_version) >= (0, 5, 12)
+
+
 def sglang_response(
     *,
     prompt_ids: Sequence[int],
@@ -83,23 +91,39 @@ def sglang_response(
     cached_tokens: int = 0,
     num_experts: int | None = None,
     faults: Faults = NO_FAULTS,
+    sglang_version: str = "0.5.23",
+    tokenizer: bool = True,
 ) -> dict[str, Any]:
-    """SGLang's ``/generate`` answer with ``return_routed_experts`` (all hidden layers).
+    """SGLang's ``/generate`` answer with ``return_routed_experts`` (all hidden layers), as
+    ``sglang_version`` sends it.
 
-    ``routes_TLK`` holds ``P+G-1`` rows; ``start_len`` is ``routed_experts_start_len``.
-    ``faults.missing`` leaves the key out (capture off on the server); ``num_experts`` is
-    needed only to draw a seeded ``faults.draft_layer0``.
+    ``routes_TLK`` holds ``P+G-1`` rows; ``start_len`` is ``routed_experts_start_len``: 0.5.12+
+    returns rows ``[start_len, P+G-1)`` and aborts a request whose start_len is beyond P
+    (scheduler.py), older releases ignore the field. ``tokenizer=False`` is ``Engine.generate``
+    with ``skip_tokenizer_init``: 0.5.7-0.5.9 put the int32 tensor itself in ``meta_info``
+    (only the detokenizer encoded). ``faults.missing`` leaves the key out (capture off on the
+    server); ``num_experts`` is needed only to draw a seeded ``faults.draft_layer0``.
     """
     p, g = len(prompt_ids), len(generated_ids)
     routes = as_routes(routes_TLK)
     if g < 1 or routes.shape[0] != p + g - 1:
         raise ValueError(f"routes have {routes.shape[0]} rows; P+G-1 = {p + g - 1}")
-    if not 0 <= start_len <= p:
-        raise ValueError(f"routed_experts_start_len={start_len} outside 0..{p}")
-    rows = cut_rows(corrupt_ids(routes, faults)[start_len:], faults)
+    honoured = _start_len_honoured(sglang_version)
+    if start_len < 0:
+        raise ValueError(f"routed_experts_start_len={start_len} < 0")
+    first = start_len if honoured else 0
+    rows = cut_rows(corrupt_ids(routes, faults)[first:], faults)
     rows = overwrite_layer0(rows, faults, num_experts)
     reason: dict[str, Any] = {"type": "abort" if faults.aborted else finish_reason}
-    if reason["type"] == "length":
+    if start_len > p and honoured:
+        reason = {
+            "type": "abort",
+            "message": f"req.routed_experts_start_len={start_len} is higher than the number of "
+            f"input tokens len(req.origin_input_ids)={p}. Please use a smaller "
+            "routed_experts_start_len.",
+            "status_code": 400,
+        }
+    elif reason["type"] == "length":
         reason["length"] = g
     meta: dict[str, Any] = {
         "id": "0",
@@ -108,10 +132,117 @@ def sglang_response(
         "completion_tokens": g,
         "cached_tokens": cached_tokens,
     }
-    if not faults.missing:
+    if not faults.missing and not (start_len > p and honoured):
         raw = finish(rows, np.dtype(np.int32), Faults(uint8_overflow=faults.uint8_overflow))
-        meta["routed_experts"] = base64.b64encode(raw.tobytes(order="C")).decode("ascii")
+        if tokenizer or release_of(sglang_version) >= (0, 5, 10):
+            # pybase64.b64encode(tensor.numpy().tobytes()), native (little-endian) int32
+            meta["routed_experts"] = base64.b64encode(raw.tobytes(order="C")).decode("ascii")
+        else:
+            meta["routed_experts"] = torch.from_numpy(np.ascontiguousarray(raw))
     return {"text": "", "output_ids": list(generated_ids), "meta_info": meta}
+
+
+def release_of(sglang_version: str) -> tuple[int, ...]:
+    """``'0.5.10.post1'`` as ``(0, 5, 10)``."""
+    return tuple(int(x) for x in sglang_version.split(".")[:3])
+
+
+def _finish_type(item: dict[str, Any]) -> str | None:
+    finish_ = item["meta_info"]["finish_reason"]
+    return None if finish_ is None else str(finish_["type"])
+
+
+def sglang_openai_response(
+    items: Sequence[dict[str, Any]],
+    *,
+    chat: bool = False,
+    return_meta_info: bool = False,
+    sglang_version: str = "0.5.23",
+    model: str = "rr-fakes",
+) -> dict[str, Any]:
+    """The non-streaming ``/v1/completions`` (or ``chat=True``: ``/v1/chat/completions``) answer
+    for the ``/generate`` results ``items`` (one per choice), as serving_completions.py /
+    serving_chat.py build it: the routes of ``items[0]`` alone in the response-level
+    ``sglext.routed_experts`` (0.5.9+; none before), and with chat ``return_meta_info`` (0.5.13+)
+    each item's whole ``meta_info`` in its choice (0.5.19+ then leave sglext's routes out)."""
+    release = release_of(sglang_version)
+    per_choice = chat and return_meta_info and release >= (0, 5, 13)
+    choices = []
+    for i, item in enumerate(items):
+        choice: dict[str, Any] = {"index": i, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": item["text"]}
+        else:
+            choice["text"] = item["text"]
+        choice["finish_reason"] = _finish_type(item)
+        choice["matched_stop"] = None
+        if per_choice:
+            choice["meta_info"] = item["meta_info"]
+        choices.append(choice)
+    p = items[0]["meta_info"]["prompt_tokens"]
+    g = sum(item["meta_info"]["completion_tokens"] for item in items)
+    body: dict[str, Any] = {
+        "id": items[0]["meta_info"]["id"],
+        "object": "chat.completion" if chat else "text_completion",
+        "created": 0,
+        "model": model,
+        "choices": choices,
+        "usage": {"prompt_tokens": p, "completion_tokens": g, "total_tokens": p + g},
+        "metadata": None,
+    }
+    routes = items[0]["meta_info"].get("routed_experts")
+    if per_choice and release >= (0, 5, 19):
+        routes = None
+    if routes is not None and release >= (0, 5, 9):
+        body["sglext"] = {"routed_experts": routes}
+    return body
+
+
+def sglang_openai_stream(
+    item: dict[str, Any],
+    *,
+    chat: bool = False,
+    include_usage: bool = True,
+    sglang_version: str = "0.5.23",
+    model: str = "rr-fakes",
+) -> list[dict[str, Any]]:
+    """The ``data:`` chunks (parsed) of a streamed OpenAI answer for one ``/generate`` result:
+    a chunk per generated token, the last with its finish_reason, then (0.5.9+, routes
+    requested) one chunk with ``choices: []`` and ``sglext.routed_experts``, then the usage
+    chunk when ``include_usage`` (stream_options)."""
+    info = item["meta_info"]
+    rid, obj = info["id"], "chat.completion.chunk" if chat else "text_completion"
+    g = info["completion_tokens"]
+    chunks = []
+    for t in range(g):
+        last = t == g - 1
+        choice: dict[str, Any] = {"index": 0, "logprobs": None}
+        if chat:
+            choice["delta"] = {"role": "assistant" if t == 0 else None, "content": "x"}
+        else:
+            choice["text"] = "x"
+        choice["finish_reason"] = _finish_type(item) if last else None
+        choice["matched_stop"] = None
+        chunks.append({"id": rid, "object": obj, "created": 0, "model": model, "choices": [choice]})
+    routes = info.get("routed_experts")
+    if routes is not None and release_of(sglang_version) >= (0, 5, 9):
+        chunks.append(
+            {
+                "id": rid,
+                "object": obj,
+                "created": 0,
+                "model": model,
+                "choices": [],
+                "sglext": {"routed_experts": routes},
+            }
+        )
+    if include_usage:
+        p = info["prompt_tokens"]
+        usage = {"prompt_tokens": p, "completion_tokens": g, "total_tokens": p + g}
+        chunks.append(
+            {"id": rid, "object": obj, "created": 0, "model": model, "choices": [], "usage": usage}
+        )
+    return chunks
 
 
 def decode_sglang_routes(text: str, num_layers: int, top_k: int) -> IntArray:

@@ -1,0 +1,325 @@
+"""SGLang's routes: ``meta_info["routed_experts"]`` of ``/generate`` and ``Engine.generate``
+(also the last chunk of a streamed ``/generate``), and the OpenAI-compatible answers' ``sglext``.
+
+Every release sends base64 of the int32 ``[seqlen - 1 - start_len, L, K]`` tensor's raw bytes (no
+header); what moved between releases is in :data:`rr_vllm._supported.SGLANG_FEATURES`. Shape
+legend as in :mod:`rr_vllm._decode`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rr_core import RouteMeta
+from rr_vllm._decode import AbortPolicy, IntArray, SampleRoutes, as_rows, decode_routes_array
+from rr_vllm._errors import EngineOutputError
+from rr_vllm._fields import as_mapping, count, key, reason
+from rr_vllm._store import check_error_body
+from rr_vllm._validate import is_aborted
+from rr_vllm._versions import SglangFlags, sglang_flags
+
+
+def _b64(text: Any) -> bytes:
+    if not isinstance(text, str | bytes):
+        raise EngineOutputError(
+            f"meta_info['routed_experts'] must be a base64 string; got {type(text).__name__}"
+        )
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError, TypeError) as e:
+        raise EngineOutputError(f"meta_info['routed_experts'] is not valid base64: {e}") from e
+
+
+def _int32_rows(raw: bytes, num_layers: int, top_k: int) -> IntArray:
+    row = 4 * num_layers * top_k
+    if len(raw) % row:
+        raise EngineOutputError(
+            f"meta_info['routed_experts'] holds {len(raw)} bytes, not a multiple of "
+            f"4 * num_hidden_layers * top_k = 4 * {num_layers} * {top_k} = {row}; the model "
+            "config does not match the server's, or the string was truncated"
+        )
+    return np.frombuffer(raw, dtype="<i4").reshape(-1, num_layers, top_k)
+
+
+def sglang_base64_to_array(text: str, num_layers: int, top_k: int) -> IntArray:
+    """SGLang's routes string (base64 of raw little-endian int32, no header) as a read-only
+    ``[N, num_layers, top_k]`` view."""
+    return _int32_rows(_b64(text), num_layers, top_k)
+
+
+def _check_item_size(nbytes: int, want: int, meta: RouteMeta, what: str) -> None:
+    """SGLang sends int32 alone: a byte count that fits ``want`` rows of another integer size
+    is a re-encoding between the server and here, named; any other count is left to the
+    length and row-count checks."""
+    L, K = len(meta.layer_numbers), meta.top_k
+    for size, dtype in ((8, "int64"), (2, "int16"), (1, "uint8")):
+        if want and nbytes != 4 * want * L * K and nbytes == size * want * L * K:
+            raise EngineOutputError(
+                f"{what}: meta_info['routed_experts'] holds {nbytes} bytes: {want} rows of "
+                f"[{L}, {K}] {dtype}, where SGLang sends int32 ({4 * want * L * K} bytes); "
+                "something between the server and here re-encoded the ids: decode them as it "
+                "wrote them, or read SGLang's answer directly"
+            )
+
+
+def _flags(version: str | None) -> SglangFlags | None:
+    return None if version is None else sglang_flags(version)
+
+
+def _decode_info(
+    info: Mapping[str, Any],
+    meta: RouteMeta,
+    *,
+    start_len: Any,
+    on_abort: AbortPolicy,
+    flags: SglangFlags | None,
+    what: str,
+    missing: str = "",
+    final: bool = False,
+) -> SampleRoutes | None:
+    finish = info.get("finish_reason")
+    reason_ = reason(
+        finish.get("type") if isinstance(finish, Mapping) else finish,
+        f"{what}: meta_info['finish_reason']",
+    )
+    p = count(key(info, "prompt_tokens", f"{what}: meta_info"), f"{what}: prompt_tokens")
+    g = count(key(info, "completion_tokens", f"{what}: meta_info"), f"{what}: completion_tokens")
+    start = count(start_len, f"{what}: routed_experts_start_len")
+    if start > p:
+        raise EngineOutputError(
+            f"{what}: routed_experts_start_len={start} is beyond the prompt's {p} tokens; SGLang "
+            "takes 0..prompt_tokens (0.5.12+ aborts such a request, older releases ignore it); "
+            "send a start_len within the prompt"
+        )
+    text = info.get("routed_experts")
+    routes = None
+    if text is None and reason_ is None and not final:
+        raise EngineOutputError(
+            f"{what}: no finish_reason and no routed_experts: a streamed chunk before the last "
+            "one; SGLang sends the routes on the final chunk only"
+        )
+    if text is not None and not is_aborted(reason_):
+        full = p + g - 1
+        # 0.5.8-0.5.11 ignore routed_experts_start_len: their rows start at 0 whatever was
+        # sent. Rows [0, start) are then dropped, so every release gives the same sample.
+        honoured = None if flags is None else flags.start_len
+        if isinstance(text, str | bytes):
+            raw = _b64(text)
+            L, K = len(meta.layer_numbers), meta.top_k
+            if not (start and honoured is not True and len(raw) == 4 * full * L * K):
+                _check_item_size(len(raw), full if honoured is False else full - start, meta, what)
+            routes = _int32_rows(raw, L, K)
+        else:  # 0.5.7-0.5.9 Engine with skip_tokenizer_init: the int32 tensor itself
+            routes = as_rows(text, f"{what}: meta_info['routed_experts']")
+        if start and honoured is not True and routes.shape[0] == full:
+            routes = routes[start:]
+    elif text is None and not is_aborted(reason_) and missing:
+        raise EngineOutputError(f"{what}: {missing} (D3); see `rr explain D3`")
+    return decode_routes_array(
+        routes,
+        meta,
+        num_prompt_tokens=p,
+        num_generated_tokens=g,
+        prompt_start=start,
+        finish_reason=reason_,
+        on_abort=on_abort,
+        what=what,
+    )
+
+
+def decode_sglang(
+    response: Mapping[str, Any],
+    meta: RouteMeta,
+    *,
+    start_len: int = 0,
+    on_abort: AbortPolicy = "mask",
+    sglang_version: str | None = None,
+) -> SampleRoutes | None:
+    """Routes of an SGLang ``/generate`` answer, ``Engine.generate`` result or final streamed
+    chunk (or its ``meta_info``) sent with ``return_routed_experts``; ``start_len`` is the
+    request's ``routed_experts_start_len``. ``sglang_version`` tells a release that ignores
+    ``start_len`` (0.5.8-0.5.11); without it the row count does."""
+    body = as_mapping(response, "the SGLang response")
+    check_error_body(body)
+    info = as_mapping(body.get("meta_info", body), "the SGLang response's meta_info")
+    what = f"SGLang request {info.get('id', '?')}"
+    return _decode_info(
+        info,
+        meta,
+        start_len=start_len,
+        on_abort=on_abort,
+        flags=_flags(sglang_version),
+        what=what,
+    )
+
+
+_OPENAI_MISSING = (
+    "the OpenAI answer has no sglext.routed_experts; send return_routed_experts=true in the "
+    "request body and start the server with --enable-return-routed-experts (SGLang 0.5.9+; "
+    "0.5.7-0.5.8 OpenAI answers carry no routes: use /generate)"
+)
+_FIRST_ONLY = (
+    "SGLang's sglext carries the routes of the first choice only (process_routed_experts_from_"
+    "ret(ret[0]) in serving_chat.py / serving_completions.py); send n=1, or chat with "
+    "return_meta_info=true (0.5.13+, routes per choice), or /generate"
+)
+
+
+def _counts(
+    usage: Any, prompt_tokens: int | None, completion_tokens: int | None, what: str
+) -> tuple[Any, Any]:
+    if prompt_tokens is not None and completion_tokens is not None:
+        return prompt_tokens, completion_tokens
+    if not isinstance(usage, Mapping):
+        raise EngineOutputError(
+            f"{what}: no usage to count the tokens by; send stream_options={{'include_usage': "
+            "true}} when streaming, or pass prompt_tokens and completion_tokens"
+        )
+    p = usage.get("prompt_tokens") if prompt_tokens is None else prompt_tokens
+    g = usage.get("completion_tokens") if completion_tokens is None else completion_tokens
+    return p, g
+
+
+def _choices(body: Mapping[str, Any], what: str) -> Sequence[Any]:
+    choices = key(body, "choices", f"{what} (an OpenAI-compatible answer)")
+    if isinstance(choices, str | bytes | Mapping) or not isinstance(choices, Sequence):
+        raise EngineOutputError(
+            f"{what}: 'choices' must be a list of choice objects; got {type(choices).__name__}"
+        )
+    return choices
+
+
+def decode_sglang_openai(
+    response: Mapping[str, Any],
+    meta: RouteMeta,
+    *,
+    start_len: int = 0,
+    on_abort: AbortPolicy = "mask",
+    sglang_version: str | None = None,
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+) -> list[SampleRoutes | None]:
+    """Routes of each choice of a non-streaming SGLang ``/v1/completions`` or
+    ``/v1/chat/completions`` answer: the response-level ``sglext.routed_experts`` (n=1, token
+    counts from ``usage`` unless passed), or each choice's ``meta_info`` (chat with
+    ``return_meta_info``). An n>1 answer without per-choice ``meta_info`` is refused: sglext
+    holds the first choice's routes alone."""
+    body = as_mapping(response, "the SGLang OpenAI response")
+    check_error_body(body)
+    what = f"SGLang response {body.get('id', '?')}"
+    flags = _flags(sglang_version)
+    choices = [as_mapping(c, f"{what}, choice {i}") for i, c in enumerate(_choices(body, what))]
+    if not choices:
+        raise EngineOutputError(f"{what}: 'choices' is empty; a completion has n >= 1 choices")
+    if all(isinstance(c.get("meta_info"), Mapping) for c in choices):
+        return [
+            _decode_info(
+                c["meta_info"],
+                meta,
+                start_len=start_len,
+                on_abort=on_abort,
+                flags=flags,
+                what=f"{what}, choice {c.get('index', i)}",
+                missing=_OPENAI_MISSING,
+                final=True,
+            )
+            for i, c in enumerate(choices)
+        ]
+    if len(choices) > 1:
+        raise EngineOutputError(f"{what}: {len(choices)} choices; {_FIRST_ONLY}")
+    ext = body.get("sglext")
+    ext = as_mapping(ext, f"{what}: sglext") if ext is not None else {}
+    p, g = _counts(body.get("usage"), prompt_tokens, completion_tokens, what)
+    info = {
+        "prompt_tokens": p,
+        "completion_tokens": g,
+        "finish_reason": choices[0].get("finish_reason"),
+        "routed_experts": ext.get("routed_experts"),
+    }
+    return [
+        _decode_info(
+            info,
+            meta,
+            start_len=start_len,
+            on_abort=on_abort,
+            flags=flags,
+            what=f"{what}, choice {choices[0].get('index', 0)}",
+            missing=_OPENAI_MISSING,
+            final=True,
+        )
+    ]
+
+
+def decode_sglang_stream(
+    chunks: Iterable[Mapping[str, Any] | str],
+    meta: RouteMeta,
+    *,
+    start_len: int = 0,
+    on_abort: AbortPolicy = "mask",
+    sglang_version: str | None = None,
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+) -> SampleRoutes | None:
+    """Routes of a streamed SGLang OpenAI answer: ``chunks`` are its ``data:`` lines, each
+    parsed with ``json.loads`` (``"[DONE]"`` is skipped). SGLang sends the routes once, in a
+    chunk with ``choices: []`` and ``sglext.routed_experts`` after the last token; token counts
+    come from the usage chunk (``stream_options.include_usage``) unless passed. A stream without
+    that chunk is refused (never an empty route set), and so is n>1."""
+    what = "SGLang stream"
+    indices: set[Any] = set()
+    finish: Any = None
+    usage: Any = None
+    texts: list[Any] = []
+    for i, item in enumerate(chunks):
+        if isinstance(item, str) and item.strip() == "[DONE]":
+            continue
+        chunk = as_mapping(item, f"{what}, chunk {i} (json.loads of one data: line)")
+        check_error_body(chunk)
+        what = f"SGLang stream {chunk.get('id', '?')}"
+        for j, c in enumerate(_choices(chunk, f"{what}, chunk {i}")):
+            choice = as_mapping(c, f"{what}, chunk {i}, choice {j}")
+            indices.add(choice.get("index", 0))
+            if choice.get("finish_reason") is not None:
+                finish = choice["finish_reason"]
+        if chunk.get("usage") is not None:
+            usage = chunk["usage"]
+        ext = chunk.get("sglext")
+        if ext is not None and as_mapping(ext, f"{what}: sglext").get("routed_experts") is not None:
+            texts.append(ext["routed_experts"])
+    if len(indices) > 1:
+        raise EngineOutputError(f"{what}: {len(indices)} choices streamed; {_FIRST_ONLY}")
+    if len(texts) > 1:
+        raise EngineOutputError(
+            f"{what}: {len(texts)} chunks carry sglext.routed_experts; SGLang sends one, after "
+            "the last token: two streams mixed?"
+        )
+    if finish is None and not texts:
+        raise EngineOutputError(
+            f"{what}: no chunk has a finish_reason: the stream was cut before its end"
+        )
+    p, g = _counts(usage, prompt_tokens, completion_tokens, what)
+    info = {
+        "prompt_tokens": p,
+        "completion_tokens": g,
+        "finish_reason": finish,
+        "routed_experts": texts[0] if texts else None,
+    }
+    return _decode_info(
+        info,
+        meta,
+        start_len=start_len,
+        on_abort=on_abort,
+        flags=_flags(sglang_version),
+        what=what,
+        missing=(
+            "the stream has no chunk with sglext.routed_experts; SGLang 0.5.9+ sends one with "
+            "choices=[] after the last token when the request has return_routed_experts=true "
+            "and the server --enable-return-routed-experts"
+        ),
+        final=True,
+    )
