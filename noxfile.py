@@ -21,7 +21,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = [
-    "lint", "core", "vllm", "megatron", "distributed", "npu", "verl", "transformers"
+    "lint", "core", "vllm", "sglang", "megatron", "distributed", "npu", "verl", "transformers"
 ]  # fmt: skip
 
 ROOT = Path(__file__).parent
@@ -140,11 +140,35 @@ def vllm(session: nox.Session) -> None:
     install_with_torch(session, "numpy")
     install_with_torch(session, "--no-deps", f"vllm=={VLLM_DATA['TESTED_VLLM']}")
     install_with_torch(session, *VLLM_DATA["VLLM_IMPORT_DEPS"])
-    install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm"))
+    install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm[r3v1]"))
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
     tests = [PACKAGES / "rr-vllm" / "tests"]  # every one, on the real classes where they import
-    session.run("pytest", *selection(tests, *VERL_TESTS), *args)
+    session.run("pytest", *selection(tests, *VERL_TESTS, *SGLANG_TESTS), *args)
+
+
+#: rr-vllm's SGLang tests: the emulated answers of every era, and the real wheels' classes.
+SGLANG_TESTS = [PACKAGES / "rr-vllm" / "tests" / f"test_vllm_sglang{s}.py" for s in ("", "_real")]
+
+
+@session(python="3.11")
+def sglang(session: nox.Session) -> None:
+    """rr-vllm's SGLang decoders against each tested sglang wheel (one per era: its OpenAI
+    protocol classes, its own encoder and client helper, run on CPU), then every era emulated."""
+    install_with_torch(
+        session,
+        *VLLM_DATA["SGLANG_IMPORT_DEPS"],
+        *editable("rr-core[test]", "rr-fakes", "rr-vllm"),
+    )
+    report_versions(session)
+    args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]
+    for release in VLLM_DATA["TESTED_SGLANG"]:  # one venv, each wheel in turn (no deps)
+        install_with_torch(session, "--no-deps", "--force-reinstall", f"sglang=={release}")
+        session.run(
+            "python", "-c", "import importlib.metadata as m; print('sglang', m.version('sglang'))"
+        )
+        session.run("pytest", str(SGLANG_TESTS[1]), *args)
+    session.run("pytest", str(SGLANG_TESTS[0]), *(session.posargs or PYTEST_DEFAULTS))
 
 
 @session(python="3.11", default=False)

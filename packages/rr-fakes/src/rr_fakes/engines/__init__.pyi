@@ -38,6 +38,8 @@ from ._wire import (
     decode_npy_base64 as decode_npy_base64,
     decode_sglang_routes as decode_sglang_routes,
     encode_npy_base64 as encode_npy_base64,
+    sglang_openai_response as sglang_openai_response,
+    sglang_openai_stream as sglang_openai_stream,
     sglang_response as sglang_response,
     vllm_http_response as vllm_http_response,
 )
