@@ -126,8 +126,9 @@ CORE_TESTS = [
 def core(session: nox.Session) -> None:
     """rr-core, rr-fakes and rr-npu tests (pytest-xdist), torch only: no megatron, no vLLM."""
     install_with_torch(
-        session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-megatron-compat", "rr-npu")
-    )
+        session,
+        *editable("rr-core[test,numba]", "rr-fakes", "rr-vllm", "rr-megatron-compat", "rr-npu"),
+    )  # numba: the compiled id checks run beside the numpy ones they must equal
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
     leave_out = (*MEGATRON_TESTS, *VERL_TESTS, *NPU_TESTS)  # their sessions run them
@@ -183,6 +184,7 @@ BENCHMARKS = {
     "core": "rr-core/benchmarks/bench_core.py",
     "codecs": "rr-core/benchmarks/bench_codecs.py",
     "vllm": "rr-vllm/benchmarks/bench_vllm.py",
+    "vllm_verl": "rr-vllm/benchmarks/bench_vllm_verl.py",
     "megatron": "rr-megatron-compat/benchmarks/bench_megatron.py",
     "verl": "rr-megatron-compat/benchmarks/bench_verl.py",
     "transformers": "rr-transformers/benchmarks/bench_transformers.py",
@@ -195,8 +197,8 @@ def bench(session: nox.Session) -> None:
     install_verl(session)  # verl's own functions run beside rr's; its megatron-core line
     install_with_torch(
         session,
-        *editable("rr-core", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-transformers"),
-    )  # transformers itself: verl's pin
+        *editable("rr-core[numba]", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-transformers"),
+    )  # transformers itself: verl's pin; numba: the id-check kernel vLLM users have
     report_versions(session)
     runs: dict[str, Any] = {}
     tmp = Path(session.create_tmp())
@@ -226,6 +228,11 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
             for c, v in codecs["codecs"].items()
         },
         "vllm_assembly_vs_memcpy": vllm_run["vllm_assembly_vs_memcpy"],
+        "vllm_datapath_vs_memcpy": vllm_run["vllm_datapath_vs_memcpy"],
+        "vllm_idchecks_per_core_vs_memcpy": vllm_run["vllm_idchecks_per_core_vs_memcpy"],
+        "vllm_idchecks_vs_memcpy": vllm_run["vllm_idchecks_vs_memcpy"],
+        "vllm_verl_rr_over_verl": runs["vllm_verl"]["side_by_side"]["rr_over_verl"],
+        "vllm_verl_bytes_over_verl": runs["vllm_verl"]["side_by_side"]["bytes_over_verl"],
         "verl_bookkeeping_rr_over_verl": verl_run["bookkeeping"]["bookkeeping_per_microbatch"][
             "rr_over_verl_cpu"
         ],
@@ -254,6 +261,17 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
                 f"{vllm_run['samples']} samples x {vllm_run['tokens_per_sample']} tokens, "
                 "48 layers, top-8, uint8: decode_vllm_batch (decode, validate, batch) vs a copy"
             ),
+            "vllm_datapath_vs_memcpy": (
+                "256 x 4096 tokens, 48 layers, top-8, uint8: decode_vllm_batch(validate=False) "
+                "(decode, structural checks, batch) vs a one-thread copy"
+            ),
+            "vllm_idchecks_per_core_vs_memcpy": "RouteBatch.validate per kernel, one thread",
+            "vllm_idchecks_vs_memcpy": "RouteBatch.validate per kernel and thread count",
+            "vllm_verl_rr_over_verl": (
+                "64 x ~4096 tokens: each rr path (decode, + to_trainer_layout, + codecs) over "
+                "verl 0.9.1's own rollout conversion, alternated, median of per-round ratios"
+            ),
+            "vllm_verl_bytes_over_verl": "bytes each rr path ships over verl's int16",
             "verl_bookkeeping_rr_over_verl": (
                 "rr_megatron_compat.verl / verl 0.9.1, thread CPU time: set_router_replay_data + "
                 "action switching + arming per micro-batch, 48 MoE layers, 4096 tokens"
@@ -290,6 +308,7 @@ def bench_table(figures: dict[str, Any]) -> str:
             "bookkeeping_us_per_microbatch_94_layers",
             "step_overhead_ratio_r3",
             "vllm_assembly_vs_memcpy",
+            "vllm_datapath_vs_memcpy",
             "verl_bookkeeping_rr_over_verl",
             "verl_r2_merge_rr_over_verl",
             "verl_step_overhead_dropin",
