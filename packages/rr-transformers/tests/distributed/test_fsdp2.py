@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from _fsdp2_worker import fsdp2_r3_steps
-from _spawn import run_ranks
 
 from _helpers import FAMILIES
+from rr_fakes.megatron import launch
 
 WORLD_SIZE = 2
 MODEL_TYPES = tuple(f for f in ("qwen3_moe", "deepseek_v3") if f in FAMILIES)
@@ -25,7 +25,7 @@ TIMEOUT_S = 180  # hard limit for the launch; a loaded machine is slow, a hang i
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, dict[str, Any]]]:
     """Both families' steps, in one launch (process start and imports dominate the time)."""
-    return run_ranks(fsdp2_r3_steps, WORLD_SIZE, MODEL_TYPES, timeout_s=TIMEOUT_S)
+    return launch(fsdp2_r3_steps, WORLD_SIZE, MODEL_TYPES, timeout_s=TIMEOUT_S)
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
