@@ -109,6 +109,13 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports")
 
 
+def run_ranked_tests(session: nox.Session, *tests: str) -> None:
+    """pytest over multi-process tests (collected only with RR_DISTRIBUTED=1): each test already
+    runs two ranks, so no xdist."""
+    args = session.posargs or ["-q", "-p", "no:xdist"]
+    session.run("pytest", *tests, *args, env={"RR_DISTRIBUTED": "1"})
+
+
 def selection(tests: list[Path], *leave_out: Path) -> list[str]:
     """pytest arguments that collect ``tests`` except what lies under ``leave_out``: each test
     file runs in one session (tests/test_noxfile.py holds every session to that)."""
@@ -368,13 +375,7 @@ def distributed(session: nox.Session, line: str) -> None:
     install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat"))
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     report_versions(session)
-    args = session.posargs or ["-q", "-p", "no:xdist"]  # each test already runs two ranks
-    session.run(
-        "pytest",
-        *selection([DISTRIBUTED_TESTS], VERL_DISTRIBUTED_TEST),
-        *args,
-        env={"RR_DISTRIBUTED": "1"},
-    )
+    run_ranked_tests(session, *selection([DISTRIBUTED_TESTS], VERL_DISTRIBUTED_TEST))
 
 
 NPU_LINES: tuple[str, ...] = NPU_DATA["MEGATRON_LINES"]
@@ -449,15 +450,8 @@ def verl(session: nox.Session) -> None:
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
     session.run("pytest", *map(str, VERL_TESTS), *args)
-    if not session.posargs:  # each distributed test already runs two ranks
-        session.run(
-            "pytest",
-            str(VERL_DISTRIBUTED_TEST),
-            "-q",
-            "-p",
-            "no:xdist",
-            env={"RR_DISTRIBUTED": "1"},
-        )
+    if not session.posargs:  # posargs name what to run
+        run_ranked_tests(session, str(VERL_DISTRIBUTED_TEST))
 
 
 TRANSFORMERS_LINES: dict[str, str] = TRANSFORMERS_DATA["TRANSFORMERS_LINES"]
@@ -482,12 +476,5 @@ def transformers(session: nox.Session, line: str) -> None:
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
     session.run("pytest", *selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS), *args)
-    if not session.posargs:  # each distributed test already runs two ranks
-        session.run(
-            "pytest",
-            str(TRANSFORMERS_DISTRIBUTED_TESTS),
-            "-q",
-            "-p",
-            "no:xdist",
-            env={"RR_DISTRIBUTED": "1"},
-        )
+    if not session.posargs:  # posargs name what to run
+        run_ranked_tests(session, str(TRANSFORMERS_DISTRIBUTED_TESTS))
