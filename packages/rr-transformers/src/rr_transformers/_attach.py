@@ -59,10 +59,10 @@ def decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
     return list(layers)
 
 
-def _routers(model: nn.Module, family: Family) -> list[tuple[int, nn.Module]]:
+def _routers(layers: Sequence[nn.Module], family: Family) -> list[tuple[int, nn.Module]]:
     router_class = family.router_class()
     found = []
-    for index, layer in enumerate(decoder_layers(model)):
+    for index, layer in enumerate(layers):
         routers = [m for m in layer.modules() if type(m) is router_class]
         blocks = [
             name
@@ -120,9 +120,10 @@ def attach(
     install()
     if not hooked(family):
         raise WalkError(f"the {family.model_type} router hook is not installed")
-    pairs = _routers(model, family)
-    layers = controller.attach(model, walk=lambda _model: pairs)
-    return Attachment(family, len(decoder_layers(model)), layers, num_experts, top_k)
+    layers = decoder_layers(model)
+    pairs = _routers(layers, family)
+    routed = controller.attach(model, walk=lambda _model: pairs)
+    return Attachment(family, len(layers), routed, num_experts, top_k)
 
 
 def detach(controller: ReplayController) -> None:

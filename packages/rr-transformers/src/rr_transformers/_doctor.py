@@ -1,6 +1,6 @@
 """The ``rr doctor`` section of rr-transformers: the installed release against the supported
 range, and which families rr replays in it, with where each one's top-k step is hooked. Reads
-package metadata and the data module only; transformers is not imported."""
+package metadata and the family table only; transformers is not imported."""
 
 from __future__ import annotations
 
@@ -8,13 +8,8 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from rr_transformers._supported import (
-    FAMILIES,
-    ROUTE_IN_BLOCK,
-    ROUTE_IN_BLOCK_METHOD,
-    SUPPORTED,
-    TRANSFORMERS_LINES,
-)
+from rr_transformers._families import KNOWN_FAMILIES
+from rr_transformers._supported import SUPPORTED, TRANSFORMERS_LINES
 from rr_transformers._versions import installed_transformers_version
 
 
@@ -22,13 +17,12 @@ def transformers_report() -> dict[str, Any]:
     version = installed_transformers_version()
     supported = SUPPORTED["transformers"]
     families: dict[str, str | None] = {}
-    for name, data in FAMILIES.items():
-        if version is None or version not in SpecifierSet(f">={data.get('since', '5.0')}"):
+    for name, family in KNOWN_FAMILIES.items():
+        if version is None or not family.available(version):
             families[name] = None
-        elif "block" in data and version in SpecifierSet(ROUTE_IN_BLOCK):
-            families[name] = f"{data['block']}.{ROUTE_IN_BLOCK_METHOD}"
         else:
-            families[name] = f"{data['router']}.forward"
+            owner, attribute, _ = family.hook_names(version)
+            families[name] = f"{owner}.{attribute}"
     return {
         "transformers": None if version is None else str(version),
         "supported": supported,

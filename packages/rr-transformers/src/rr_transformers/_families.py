@@ -45,11 +45,17 @@ class Family:
         cls: type = getattr(self.modeling(), self.router)
         return cls
 
-    def hook_site(self, version: Version) -> tuple[type, str, bool]:
-        """(class, attribute, on_block): the function whose top-k call selects the experts."""
+    def hook_names(self, version: Version) -> tuple[str, str, bool]:
+        """(class name, attribute, on_block) of the function whose top-k call selects the
+        experts in ``version`` (transformers is not imported)."""
         if self.block is not None and routes_in_block(version):
-            return getattr(self.modeling(), self.block), ROUTE_IN_BLOCK_METHOD, True
-        return self.router_class(), "forward", False
+            return self.block, ROUTE_IN_BLOCK_METHOD, True
+        return self.router, "forward", False
+
+    def hook_site(self, version: Version) -> tuple[type, str, bool]:
+        """(class, attribute, on_block): :meth:`hook_names` resolved in the modeling module."""
+        owner, attribute, on_block = self.hook_names(version)
+        return getattr(self.modeling(), owner), attribute, on_block
 
     def sizes(self, config: Any) -> tuple[int, int]:
         """(E, K) as the model's text config declares them."""

@@ -98,7 +98,7 @@ def install() -> tuple[str, ...]:
                         "family's code only (uninstall the other patch first)"
                     )
                 _PATCHES.set(owner, attribute, RouterTopkProxy(current, family, on_block))
-        return tuple(sorted({family.model_type for family, *_ in _sites(version)}))
+        return tuple(sorted(n for n, f in KNOWN_FAMILIES.items() if f.available(version)))
 
 
 def uninstall() -> int:
