@@ -114,3 +114,29 @@ def test_moe_layers_meta_is_refused() -> None:
     meta = RouteMeta(num_experts=8, top_k=K, layer_axis="moe_layers", layer_numbers=(1, 2, 3, 4))
     with pytest.raises(Exception, match="all_layers"):
         decode_vllm_batch([], meta)
+
+
+@pytest.mark.parametrize("era", [VllmEra.V0_22, VllmEra.V0_32])
+@pytest.mark.parametrize("fault", ["none", "aborted", "read_only"])
+@pytest.mark.parametrize("prompt_start", [0, 2])
+def test_a_batch_in_a_dropped_batchs_memory_equals_a_fresh_one(
+    era: VllmEra, fault: str, prompt_start: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-copy path decodes into recycled memory: every byte the samples do not write (rows
+    before prompt_start, the last token's row, aborted requests) must still come out zero."""
+    from rr_core import buffers
+
+    monkeypatch.setattr(buffers, "MIN_RECYCLED_BYTES", 0)  # these batches are tiny
+    meta = make_meta(8, dense=(1,))
+    faults = {} if fault == "none" else {2: FAULTS[fault]}
+    outs = outputs(era, meta, prompt_start=prompt_start, faults=faults)
+    first = decode_vllm_batch(outs, meta, prompt_start=prompt_start)
+    first.values_NLK.fill_(0xFF)  # the memory the next batch reuses, dirty everywhere
+    address = first.values_NLK.data_ptr()
+    del first
+    again = decode_vllm_batch(outs, meta, prompt_start=prompt_start)
+    assert again.values_NLK.data_ptr() == address  # the dropped batch's memory, reused
+    assert again.equal(reference(outs, meta, prompt_start=prompt_start))
+    held = decode_vllm_batch(outs, meta, prompt_start=prompt_start)
+    assert held.values_NLK.data_ptr() != again.values_NLK.data_ptr()  # a live batch is kept
+    assert again.equal(held)

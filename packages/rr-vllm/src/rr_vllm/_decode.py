@@ -106,7 +106,8 @@ def place_rows(
     out: tuple[IntArray, BoolArray] | None = None,
 ) -> SampleRoutes:
     """Lay consecutive row blocks out at their token positions (the one copy), into fresh arrays
-    or into ``out`` (zeroed ``[T, L, K]`` routes of the blocks' dtype and ``[T]`` validity)."""
+    or into ``out`` (``[T, L, K]`` routes of the blocks' dtype and ``[T]`` validity, any
+    contents: the rows no block covers are zeroed)."""
     L, K = len(meta.layer_numbers), meta.top_k
     slots = list(meta.moe_slots)
     width = len(slots) if moe_only else L
@@ -127,6 +128,10 @@ def place_rows(
         )
     if out is None:
         out = np.zeros((num_tokens, L, K), dtype=dtype), np.zeros(num_tokens, dtype=bool)
+    else:  # any contents: zero what the blocks leave (MoE-only blocks leave the dense slots)
+        out[0][: prompt_start + n if moe_only else prompt_start] = 0
+        out[0][prompt_start + n :] = 0
+        out[1][:] = False
     routes_TLK, valid_T = out
     row = prompt_start
     for b in blocks:
@@ -169,13 +174,17 @@ def decode_routes_array(
 ) -> SampleRoutes | None:
     """One all-layers ``[N, L, K]`` array (or None) of a sample with P prompt and G generated
     tokens. An aborted sample (``finish_reason == "abort"``) is masked (every row invalid) or
-    dropped (None); otherwise None routes raise (D3). ``out``: see :func:`place_rows`."""
+    dropped (None); otherwise None routes raise (D3). ``out``: see :func:`place_rows` (a masked
+    sample zeroes it)."""
     check_policy(on_abort)
     p = count(num_prompt_tokens, f"{what}: num_prompt_tokens")
     t = p + count(num_generated_tokens, f"{what}: num_generated_tokens")
     prompt_start = count(prompt_start, f"{what}: prompt_start")
     finish_reason = reason(finish_reason, f"{what}: finish_reason")
     if is_aborted(finish_reason):
+        if out is not None:
+            out[0][:] = 0
+            out[1][:] = False
         return None if on_abort == "drop" else _masked(meta, p, t, prompt_start, finish_reason)
     if routes is None:
         check_missing(what, finish_reason)
