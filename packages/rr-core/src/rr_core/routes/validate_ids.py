@@ -10,7 +10,8 @@ the host in numpy, several times faster on CPU than torch's boolean reductions.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +29,16 @@ IntArray = npt.NDArray[np.intp]
 # Rows are checked in blocks of about this many ids, so that the flags of a multi-gigabyte batch
 # stay small.
 _BLOCK_IDS = 1 << 24
+
+
+class Block(NamedTuple):
+    """Rows ``[start, stop)`` and their flags per row and slot."""
+
+    start: int
+    stop: int
+    out_of_range_RL: BoolArray
+    repeated_RL: BoolArray
+    nonzero_RL: BoolArray
 
 
 def _where(offsets: list[int], row: int) -> str:
@@ -63,6 +74,41 @@ def _segments(offsets_B1: IntArray, start: int, stop: int) -> tuple[IntArray, In
     return seqs, lo[seqs] - start
 
 
+def _scan_blocks(values_NLK: torch.Tensor, num_experts: int) -> Iterator[Block]:
+    """The row flags of each block of rows, ``[R, L]`` each (fresh arrays)."""
+    N, L, K = values_NLK.shape
+    step = max(1, _BLOCK_IDS // (L * K))
+    for start in range(0, N, step):
+        stop = min(N, start + step)
+        flags = row_flags(values_NLK[start:stop], num_experts)
+        yield Block(start, stop, *(_host(f).reshape(stop - start, L) for f in flags))
+
+
+def _on_valid_moe(flags_RL: BoolArray, moe: list[int] | None, invalid_R: IntArray) -> BoolArray:
+    """The flags of the MoE slots (all slots for None), cleared on invalid rows, in place where
+    no slot is left out (the flags are fresh arrays; there are few invalid rows)."""
+    out_RL = flags_RL if moe is None else flags_RL[:, moe]
+    out_RL[invalid_R] = False
+    return out_RL
+
+
+def _routed_slots(
+    values_NLK: torch.Tensor,
+    meta: RouteMeta,
+    valid: BoolArray,
+    offsets: IntArray,
+    moe: list[int] | None,
+) -> BoolArray:
+    """``[B, M]``: whether sequence b's MoE slot m holds a non-zero id on some valid row."""
+    routed_BM = np.zeros((len(offsets) - 1, len(meta.moe_slots)), dtype=bool)
+    for block in _scan_blocks(values_NLK, meta.num_experts):
+        invalid_R = np.flatnonzero(~valid[block.start : block.stop])
+        nz_RL = _on_valid_moe(block.nonzero_RL, moe, invalid_R)
+        seqs, firsts = _segments(offsets, block.start, block.stop)
+        routed_BM[seqs] |= np.logical_or.reduceat(nz_RL, firsts, axis=0)
+    return routed_BM
+
+
 def check_ids(
     values_NLK: torch.Tensor,
     offsets_B1: torch.Tensor,
@@ -75,34 +121,32 @@ def check_ids(
     ``[0, E)``; no MoE slot is zero on every valid row of a sequence (E1) unless allowed.
 
     Errors are reported in that order, E1 before repeats since a zero row also repeats id 0.
+    With K >= 2 every all-zero row repeats an id, so only a batch with repeats is searched for
+    E1 (a second pass); a clean batch costs the flags and a quick ``any`` over each.
     """
-    N, L, K = values_NLK.shape
+    N, _, K = values_NLK.shape
     if N == 0:
         return
     offsets = offsets_B1.tolist()
     offsets_np = np.asarray(offsets, dtype=np.intp)
     layers, E = meta.layer_numbers, meta.num_experts
-    dense, moe = list(meta.dense_slots), list(meta.moe_slots)
+    dense, moe_slots = list(meta.dense_slots), list(meta.moe_slots)
+    moe = moe_slots if dense else None  # None: every slot, no copy of the flags
     valid = _host(valid_N)
-    routed_BM = np.zeros((len(offsets) - 1, len(moe)), dtype=bool)
     nonzero, outside, repeated = _Hits(), _Hits(), _Hits()
-    step = max(1, _BLOCK_IDS // (L * K))
-    for start in range(0, N, step):
-        stop = min(N, start + step)
-        shape = (stop - start, L)
-        out_RL, rep_RL, nz_RL = (
-            _host(f).reshape(shape) for f in row_flags(values_NLK[start:stop], E)
-        )
-        valid_R1 = valid[start:stop, None]
-        if dense:
-            nonzero.add(nz_RL[:, dense], start)
-        if moe != list(range(L)):
-            out_RL, rep_RL, nz_RL = out_RL[:, moe], rep_RL[:, moe], nz_RL[:, moe]
-        outside.add(out_RL & valid_R1, start)
-        repeated.add(rep_RL & valid_R1, start)
-        if not allow_all_zero:
-            seqs, firsts = _segments(offsets_np, start, stop)
-            routed_BM[seqs] |= np.logical_or.reduceat(nz_RL & valid_R1, firsts, axis=0)
+    for block in _scan_blocks(values_NLK, E):
+        if dense:  # on every row, valid or not
+            nonzero.add(block.nonzero_RL[:, dense], block.start)
+        invalid_R = np.flatnonzero(~valid[block.start : block.stop])
+        out_RL = _on_valid_moe(block.out_of_range_RL, moe, invalid_R)
+        rep_RL = _on_valid_moe(block.repeated_RL, moe, invalid_R)
+        if out_RL.any():
+            outside.add(out_RL, block.start)
+        if rep_RL.any():
+            repeated.add(rep_RL, block.start)
+    routed_BM = None
+    if not allow_all_zero and (K == 1 or repeated.count):
+        routed_BM = _routed_slots(values_NLK, meta, valid, offsets_np, moe)
 
     if nonzero.first is not None:
         row, j = nonzero.first
@@ -115,13 +159,14 @@ def check_ids(
         )
     if outside.first is not None:
         row, j = outside.first
+        slot = moe_slots[j]
         raise RouteValidationError(
-            f"{_where(offsets, row)}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids "
-            f"{values_NLK[row, moe[j]].tolist()} are outside [0, {E}) for num_experts={E}; "
+            f"{_where(offsets, row)}, layer {layers[slot]} (slot {slot}): expert ids "
+            f"{values_NLK[row, slot].tolist()} are outside [0, {E}) for num_experts={E}; "
             f"{outside.count} row-layer pair(s) affected. Physical instead of logical ids (E2), "
             "or a wrong num_experts? See `rr explain E2`"
         )
-    if not allow_all_zero:
+    if routed_BM is not None:
         counted = np.concatenate([[0], np.cumsum(valid, dtype=np.int64)])
         valid_B = counted[offsets_np[1:]] - counted[offsets_np[:-1]]
         dead_BM = ~routed_BM & (valid_B > 0)[:, None]
@@ -133,16 +178,18 @@ def check_ids(
                 if K == 1
                 else f" (with top_k={K} a zero row repeats id 0, so it cannot be a real route)"
             )
+            slot = moe_slots[j]
             raise RouteValidationError(
-                f"sequence {b}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids are all zero "
+                f"sequence {b}, layer {layers[slot]} (slot {slot}): expert ids are all zero "
                 f"on all {int(valid_B[b])} valid rows (from token row {first}), the signature of "
                 f"a capture that zero-filled its routes (E1); {int(dead_BM.sum())} "
                 f"sequence-layer pair(s) affected. Fix the capture{hint}; see `rr explain E1`"
             )
     if repeated.first is not None:
         row, j = repeated.first
+        slot = moe_slots[j]
         raise RouteValidationError(
-            f"{_where(offsets, row)}, layer {layers[moe[j]]} (slot {moe[j]}): expert ids "
-            f"{values_NLK[row, moe[j]].tolist()} repeat an id; a valid row needs top_k={K} "
+            f"{_where(offsets, row)}, layer {layers[slot]} (slot {slot}): expert ids "
+            f"{values_NLK[row, slot].tolist()} repeat an id; a valid row needs top_k={K} "
             f"distinct ids; {repeated.count} row-layer pair(s) affected"
         )
