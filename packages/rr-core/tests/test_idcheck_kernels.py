@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rr_core.routes import idcheck_numba
+from rr_core import kernels
 from rr_core.routes import idcheck_words as words
 
-needs_numba = pytest.mark.skipif(not idcheck_numba.available(), reason="numba is not installed")
+needs_numba = pytest.mark.skipif(not kernels.numba_available(), reason="numba is not installed")
 
 
 def reference(ids_RK: np.ndarray, num_experts: int) -> np.ndarray:
@@ -25,7 +25,7 @@ def reference(ids_RK: np.ndarray, num_experts: int) -> np.ndarray:
 
 
 def flags(ids_RK: np.ndarray, num_experts: int, kernel: str) -> np.ndarray:
-    with words.use_kernel(kernel):
+    with kernels.use_kernel(kernel):
         return np.stack(
             [f.numpy() for f in words.word_flags(torch.from_numpy(ids_RK), num_experts)]
         )
@@ -90,7 +90,7 @@ def test_every_byte_pattern_of_one_row(row: list[int], num_experts: int) -> None
     """Any 8 bytes, as hypothesis shrinks them (ids equal at every distance, 0 and 255)."""
     ids = np.array([row], dtype=np.uint8)
     want = reference(ids, num_experts)
-    for kernel in words.KERNELS if idcheck_numba.available() else ("numpy",):
+    for kernel in kernels.KERNELS if kernels.numba_available() else ("numpy",):
         assert np.array_equal(flags(ids, num_experts, kernel), want), kernel
 
 
@@ -111,14 +111,14 @@ def test_rows_of_every_thread_are_checked(
 
 
 def test_default_kernel_is_numba_where_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert words.kernel() == ("numba" if idcheck_numba.available() else "numpy")
-    monkeypatch.setattr(idcheck_numba, "_NUMBA", [None])  # numba does not import
-    assert words.kernel() == "numpy"
-    with pytest.raises(ImportError, match=r"rr-core\[numba\]"), words.use_kernel("numba"):
+    assert kernels.kernel() == ("numba" if kernels.numba_available() else "numpy")
+    monkeypatch.setattr(kernels, "_NUMBA", [None])  # numba does not import
+    assert kernels.kernel() == "numpy"
+    with pytest.raises(ImportError, match=r"rr-core\[numba\]"), kernels.use_kernel("numba"):
         pass
 
 
 def test_an_unknown_kernel_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(words, "_CHOSEN", ["cuda"])  # RR_IDCHECK_KERNEL=cuda
-    with pytest.raises(ValueError, match="RR_IDCHECK_KERNEL must be one of"):
-        words.kernel()
+    monkeypatch.setattr(kernels, "_CHOSEN", ["cuda"])  # RR_KERNEL=cuda
+    with pytest.raises(ValueError, match="RR_KERNEL must be one of"):
+        kernels.kernel()

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rr_core import RouteMeta
-from rr_core.routes import idcheck_numba, idcheck_words
+from rr_core import RouteMeta, kernels
+from rr_core.routes import idcheck_words
 from rr_vllm import decode_vllm_batch, decode_vllm_output, to_trainer_layout, validate_samples
 
 LAYERS, EXPERTS, TOP_K = 48, 128, 8
@@ -94,8 +94,8 @@ def ratios(times: dict[str, list[float]], base: str) -> dict[str, float]:
     }
 
 
-def kernels() -> list[str]:
-    return [k for k in idcheck_words.KERNELS if k != "numba" or idcheck_numba.available()]
+def available_kernels() -> list[str]:
+    return [k for k in kernels.KERNELS if k != "numba" or kernels.numba_available()]
 
 
 def thread_counts() -> list[int]:
@@ -153,9 +153,9 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
 
     checks: dict[str, dict[str, float]] = {}
     kernel_only: dict[str, dict[str, float]] = {}
-    for kernel in kernels():
+    for kernel in available_kernels():
         checks[kernel], kernel_only[kernel] = {}, {}
-        with idcheck_words.use_kernel(kernel):
+        with kernels.use_kernel(kernel):
             batch.validate()  # numba compiles (or loads its cache) on first use
             for n in thread_counts():
                 torch.set_num_threads(n)
@@ -170,7 +170,7 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
                 r = ratios(t, "memcpy")
                 checks[kernel][str(n)], kernel_only[kernel][str(n)] = r["checks"], r["kernel"]
         torch.set_num_threads(threads)
-    default = idcheck_words.kernel()
+    default = kernels.kernel()
     mb = payload.nbytes / 1e6
     return {
         "samples": samples,

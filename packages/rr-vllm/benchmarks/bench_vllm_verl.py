@@ -34,8 +34,7 @@ import torch
 # the rollout capture and the timer of the assembly benchmark next to this file
 from bench_vllm import EXPERTS, LAYERS, TOP_K, alternate, best, requests
 
-from rr_core import CODECS, RouteMeta
-from rr_core.routes import idcheck_words
+from rr_core import CODECS, RouteMeta, kernels
 from rr_vllm import decode_vllm_batch, pack_batch_for_verl, to_trainer_layout, to_verl_nested
 
 
@@ -169,7 +168,7 @@ def side_by_side(
         shipped[f"decode_{codec}"] = paths[f"decode_{codec}"]().nbytes
     times = alternate(paths, repeat)
     out: dict[str, Any] = {
-        "idcheck_kernel": idcheck_words.kernel(),
+        "kernel": kernels.kernel(),
         "rounds": repeat,
         "verl_ms": statistics.median(times["verl"]) * 1e3,
         "ms": {name: statistics.median(ts) * 1e3 for name, ts in times.items()},

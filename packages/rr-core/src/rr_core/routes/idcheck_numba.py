@@ -9,30 +9,15 @@ kernels release the GIL, so :func:`rr_core._threads.over_ranges` runs them on se
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from rr_core.kernels import compile_kernel, numba_module
+
 #: ``(bits, range test)`` -> compiled kernel ``(words, add, out_R, repeated_R, nonzero_R)``.
 _KERNELS: dict[tuple[int, str], Callable[..., None]] = {}
-_NUMBA: list[Any] = []  # [module] once imported, [None] if it does not import
-
-
-def numba_module() -> Any:
-    """The numba module, or None where it does not import (imported once, on first use)."""
-    if not _NUMBA:
-        try:
-            _NUMBA.append(importlib.import_module("numba"))
-        except Exception:  # not installed, or built against another numpy (ImportError, ...)
-            _NUMBA.append(None)
-    return _NUMBA[0]
-
-
-def available() -> bool:
-    """Whether numba imports here."""
-    return numba_module() is not None
 
 
 def range_test(num_experts: int) -> str:
@@ -70,11 +55,7 @@ def _build(word: type[np.unsignedinteger[Any]], test: str) -> Callable[..., None
                 out_R[i] = ((((w & low7) + add) & w) & high) != zero
             nonzero_R[i] = w != zero
 
-    options = {"nogil": True, "boundscheck": False}
-    try:
-        return numba.njit(cache=True, **options)(scan)  # type: ignore[no-any-return]
-    except RuntimeError:  # no writable cache location: compile each process
-        return numba.njit(**options)(scan)  # type: ignore[no-any-return]
+    return compile_kernel(scan)  # type: ignore[no-any-return]
 
 
 def scan(words: np.ndarray, num_experts: int, flags_3R: np.ndarray) -> None:

@@ -12,52 +12,22 @@ K(K-1)/2 byte comparisons.
 Rows go through in chunks of ``CHUNK`` words so that the temporaries stay in cache, on
 ``torch.get_num_threads()`` threads. numpy makes some thirty passes over each chunk (about 0.1x
 memcpy per core); where numba imports, :mod:`rr_core.routes.idcheck_numba` makes one, with the
-same flags bit for bit (``RR_IDCHECK_KERNEL=numpy`` or :func:`use_kernel` picks numpy).
+same flags bit for bit (:mod:`rr_core.kernels` chooses).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
+from rr_core import kernels
 from rr_core._threads import over_ranges
 from rr_core.routes import idcheck_numba
 
 CHUNK = 1 << 15
 _WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-#: The kernels :func:`word_flags` can run; ``None`` (the default): numba where it imports.
-KERNELS = ("numba", "numpy")
-_CHOSEN: list[str | None] = [os.environ.get("RR_IDCHECK_KERNEL") or None]
-
-
-def kernel() -> str:
-    """The kernel :func:`word_flags` runs now."""
-    chosen = _CHOSEN[0]
-    if chosen is None:
-        return "numba" if idcheck_numba.available() else "numpy"
-    if chosen not in KERNELS:
-        raise ValueError(f"RR_IDCHECK_KERNEL must be one of {KERNELS}; got {chosen!r}")
-    if chosen == "numba" and not idcheck_numba.available():
-        raise ImportError("the numba id-check kernel needs numba: pip install 'rr-core[numba]'")
-    return chosen
-
-
-@contextmanager
-def use_kernel(name: str | None) -> Iterator[None]:
-    """Run :func:`word_flags` with kernel ``name`` (one of :data:`KERNELS`, or None for the
-    default) inside the block; for tests and benchmarks."""
-    before = _CHOSEN[0]
-    _CHOSEN[0] = name
-    try:
-        kernel()
-        yield
-    finally:
-        _CHOSEN[0] = before
 
 
 def covers(ids_RK: torch.Tensor) -> bool:
@@ -99,7 +69,7 @@ def word_flags(ids_RK: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, ..
     k = ids_RK.shape[-1]
     words = ids_RK.reshape(-1, k).contiguous().numpy().view(_WORDS[k]).reshape(-1)
     flags = np.empty((3, words.size), dtype=bool)
-    scan = idcheck_numba.scan if kernel() == "numba" else _scan
+    scan = idcheck_numba.scan if kernels.kernel() == "numba" else _scan
     over_ranges(words.size, CHUNK, lambda a, b: scan(words[a:b], num_experts, flags[:, a:b]))
     return tuple(torch.from_numpy(f) for f in flags)
 
