@@ -37,10 +37,12 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
 
 
 def empty(shape: Shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype, device=device)``, through numpy on the CPU."""
+    """``torch.empty(shape, dtype=dtype, device=device)``; on the CPU a :func:`recycled`
+    buffer."""
     if device.type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
-    return torch.from_numpy(np.empty(shape, dtype=_numpy_dtype(dtype)))
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    return torch.from_numpy(recycled(dims, _numpy_dtype(dtype)))
 
 
 def zeros(shape: Shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

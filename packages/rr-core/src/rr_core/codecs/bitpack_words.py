@@ -22,6 +22,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from rr_core.buffers import recycled
+
 BLOCK = 1 << 12  # groups per block: the temporaries stay in cache
 _U64 = np.uint64
 
@@ -65,7 +67,7 @@ class WordPacker:
     def __init__(self, count: int, width: int, block: int = 8 * BLOCK) -> None:
         G = -(-count // 8)
         self.count, self.width, self.block = count, width, -(-block // 8) * 8
-        self.buf = np.empty(G * width + 8, dtype=np.uint8)  # the last word spills 8 bytes on
+        self.buf = recycled((G * width + 8,), np.dtype(np.uint8))  # the last word spills 8 bytes on
         self.words = _words(self.buf, G, width)
         self.shifts = _shifts(width, self.block // 8)
         self._scratch = threading.local()

@@ -24,6 +24,8 @@ from typing import Literal
 
 import torch
 
+from rr_core import kernels
+from rr_core.codecs import sets_numba
 from rr_core.codecs.bitpack import (
     pack_bits,
     pack_fields,
@@ -173,7 +175,10 @@ def encode_payload(rows_VMK: torch.Tensor, codec: CodecName, meta: RouteMeta) ->
     ids_RK, width = flat.reshape(-1, K), set_width(E, K)
     if fast_shape(E, K, ids_RK.dtype, ids_RK.device) and ids_RK.shape[0] and width:
         # None: a repeated id, which the general path reports
-        if covers(width, ids_RK.device):  # each block of ranks is packed while in cache
+        if kernels.kernel() == "numba":  # ranks and packs in one compiled pass
+            if (stream := sets_numba.rank_pack(ids_RK, E, width)) is not None:
+                return stream
+        elif covers(width, ids_RK.device):  # each block of ranks is packed while in cache
             packer = WordPacker(ids_RK.shape[0], width)
             if rank_fast(ids_RK, E, packer.put) is not None:
                 return packer.stream()
