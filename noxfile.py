@@ -21,7 +21,8 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = [
-    "lint", "core", "vllm", "sglang", "megatron", "distributed", "npu", "verl", "transformers"
+    "lint", "core", "vllm", "sglang", "megatron", "distributed", "npu", "verl", "bridge",
+    "transformers",
 ]  # fmt: skip
 
 ROOT = Path(__file__).parent
@@ -357,7 +358,7 @@ def megatron(session: nox.Session, line: str) -> None:
         "print(*(f'{d}=={m.version(d)}' for d in ('torch', 'megatron-core')))",
     )
     args = session.posargs or PYTEST_DEFAULTS
-    leave_out = (DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST)
+    leave_out = (DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST, BRIDGE_TESTS)
     session.run("pytest", *selection(MEGATRON_TESTS, *leave_out), *args)
 
 
@@ -452,6 +453,32 @@ def verl(session: nox.Session) -> None:
     session.run("pytest", *map(str, VERL_TESTS), *args)
     if not session.posargs:  # posargs name what to run
         run_ranked_tests(session, str(VERL_DISTRIBUTED_TEST))
+
+
+#: Real Megatron-Bridge models (they skip without megatron.bridge).
+BRIDGE_TESTS = PACKAGES / "rr-megatron-compat" / "tests" / "bridge"
+
+
+@session(python="3.11")
+def bridge(session: nox.Session) -> None:
+    """Real Megatron-Bridge models built through bridge's random-init path (the one verl's
+    engine calls) on CPU: Qwen3-VL MoE (orphan routers ahead of the live ones) and Qwen3.5 MoE
+    with MTP, R2 and R3 through rr's API and the verl drop-in."""
+    release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["BRIDGE_MEGATRON_LINE"]]
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_with_torch(
+        session,
+        *MEGATRON_DATA["BRIDGE_PIP_FLAGS"],
+        f"megatron-bridge=={MEGATRON_DATA['BRIDGE_RELEASE']}",
+    )
+    install_with_torch(
+        session,
+        *MEGATRON_DATA["BRIDGE_IMPORT_DEPS"],
+        *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm"),
+    )
+    report_versions(session)
+    args = session.posargs or PYTEST_DEFAULTS
+    session.run("pytest", *selection([BRIDGE_TESTS]), *args)
 
 
 TRANSFORMERS_LINES: dict[str, str] = TRANSFORMERS_DATA["TRANSFORMERS_LINES"]

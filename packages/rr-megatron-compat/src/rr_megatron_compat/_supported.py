@@ -91,6 +91,28 @@ VERL_ROLLOUT_DEPS: tuple[str, ...] = (
     "fastapi==0.165.0",
 )
 
+#: The Megatron-Bridge release whose real models (built through its own random-init path, as
+#: verl's engine builds them) the ``bridge`` nox session replays, with ``--no-deps``: its
+#: declared dependencies pull wandb, mlflow, flashinfer, Transformer Engine extras, ... that
+#: building and running a model never imports. It declares Requires-Python >=3.12 but the wheel
+#: is pure Python: without --ignore-requires-python pip on 3.11 silently picks 0.3.1 (read with
+#: ``pip download``); --only-binary as for megatron-core 0.17+.
+BRIDGE_RELEASE = "0.6.2"
+BRIDGE_PIP_FLAGS: tuple[str, ...] = ("--no-deps", "--ignore-requires-python", "--only-binary=:all:")
+
+#: The megatron-core line the bridge models are built on (a key of MEGATRON_LINES).
+BRIDGE_MEGATRON_LINE = "0.19"
+
+#: What ``import megatron.bridge`` imports beyond torch, megatron-core and their own
+#: dependencies; each was removed in turn from a working environment and the import then
+#: failed. (On Python 3.11 it also needs ``typing.override``, which rr-fakes' CPU harness
+#: backports from typing_extensions while bridge imports and builds.)
+BRIDGE_IMPORT_DEPS: tuple[str, ...] = (
+    "transformers==5.10.4",  # bridge's HF configs; bridge declares >=5.8,<=5.12.1, verl's pin
+    "einops==0.8.2",  # megatron.bridge.models.qwen_vl.modelling_qwen3_vl.attention
+    "omegaconf==2.3.1",  # megatron.bridge.models.config
+)
+
 #: MEGATRON_FEATURES["expert_bias_padding_unbroadcast"], as ``rr megatron`` says it.
 _G1_EXPERT_BIAS = (
     "expert-bias counts with a padding_mask: routing_map & ~padding_mask without unsqueeze "
