@@ -1,10 +1,10 @@
-"""The emulated MindSpeed reproduces each documented consequence (npu-facts.md)."""
+"""The emulated MindSpeed has the structures of MindSpeed's source (patch_utils.py, the adaptor,
+arguments_basic.py, features_manager/moe) on each line: one test per structure."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import importlib
 import pickle
 import sys
@@ -17,15 +17,24 @@ import pytest
 import torch
 
 from rr_fakes.mindspeed_emu import (
+    LINES,
     MLATransformerConfig,
-    PatchManager,
+    Targets,
     TransformerConfig,
+    dummy_compile,
     emulated_mindspeed,
+    new_patch_manager,
 )
 
+STUB = "rr_fakes_stub_moe"
+CONFIGS = "rr_fakes.mindspeed_emu._config"
+STUBS = Targets(transformer_config=CONFIGS, router=STUB, moe_utils=STUB, moe_layer=STUB)
 _STUB_SOURCE = textwrap.dedent(
     """
     import torch
+
+    def group_limited_topk(scores, topk, num_tokens, num_experts, num_groups, group_topk):
+        return torch.topk(scores, k=topk, dim=1)
 
     def topk_softmax_with_capacity(logits, topk, score_function="softmax"):
         return "original", topk
@@ -39,9 +48,8 @@ _STUB_SOURCE = textwrap.dedent(
         def routing(self, logits):
             return "original routing"
 
-    class Holder:
-        def method(self):
-            return "method"
+    class MoELayer:
+        pass
     """
 )
 
@@ -55,23 +63,34 @@ def _module(name: str, source: str = "") -> types.ModuleType:
 
 @pytest.fixture
 def stub() -> Iterator[types.ModuleType]:
-    """A throw-away module standing in for megatron's moe_utils and router module."""
-    module = _module("rr_fakes_stub_moe", _STUB_SOURCE)
-    copier = _module("rr_fakes_stub_copier")
-    copier.__dict__["topk_softmax_with_capacity"] = module.__dict__["topk_softmax_with_capacity"]
+    """A throw-away module standing in for Megatron's router, moe_utils and moe_layer, a module
+    holding ``from`` copies, and one whose name contains ``mindspeed``."""
+    module = _module(STUB, _STUB_SOURCE)
+    for name in ("rr_fakes_stub_copier", "rr_fakes_stub_mindspeed_copier"):
+        holder = _module(name)
+        holder.topk_softmax_with_capacity = module.topk_softmax_with_capacity
+        holder.TopKRouter = module.TopKRouter
     yield module
-    for name in ("rr_fakes_stub_moe", "rr_fakes_stub_copier"):
+    for name in (STUB, "rr_fakes_stub_copier", "rr_fakes_stub_mindspeed_copier"):
         sys.modules.pop(name, None)
+
+
+def installed_line_or_none() -> str | None:
+    from rr_fakes.mindspeed_emu import installed_line
+
+    try:
+        return installed_line()
+    except ValueError:
+        return None
 
 
 def _config(**kwargs: Any) -> Any:
     return TransformerConfig(num_layers=2, hidden_size=8, num_attention_heads=2, **kwargs)
 
 
-# -- the patch manager -------------------------------------------------------------------------
-def test_wrappers_stack_and_replacing_twice_raises(stub: types.ModuleType) -> None:
-    manager = PatchManager()
-    target = "rr_fakes_stub_moe.scale"
+# -- patch_utils.py -------------------------------------------------------------------------------
+def test_patch_record_shape(stub: types.ModuleType) -> None:
+    pm = new_patch_manager()
 
     def scale_replacement() -> str:
         return "replaced"
@@ -79,163 +98,175 @@ def test_wrappers_stack_and_replacing_twice_raises(stub: types.ModuleType) -> No
     def tag_wrapper(fn: Any) -> Any:
         return lambda: f"wrapped({fn()})"
 
-    manager.register_patch(target, scale_replacement)
-    manager.register_patch(target, tag_wrapper)
-    with pytest.raises(RuntimeError, match="exists already"):
-        manager.register_patch(target, scale_replacement)
-    manager.apply_patches()
+    pm.register_patch(f"{STUB}.scale", scale_replacement)
+    pm.register_patch(f"{STUB}.scale", tag_wrapper)
+    patch = pm.patches_info[f"{STUB}.scale"]
+    assert (patch.orig_module_name, patch.orig_func_name) == (STUB, "scale")  # strings
+    assert (patch.patch_func, patch.wrappers, patch.is_applied) == (
+        scale_replacement,
+        [tag_wrapper],
+        False,
+    )
+    original = stub.scale
+    pm.apply_patches()
+    assert (patch.orig_module, patch.orig_func) == (stub, original)
+    assert stub.scale is patch.final_patch_func
     assert stub.scale() == "wrapped(replaced)"
-    assert manager.is_applied is True  # a plain bool attribute, not a method
-    manager.restore_everything()
-    assert stub.scale() == "scale"
+    with pytest.raises(RuntimeError, match="exist"):
+        pm.register_patch(f"{STUB}.scale", scale_replacement)
+    pm.register_patch(f"{STUB}.scale", lambda: "forced", force_patch=True)
+    pm.register_patch(f"{STUB}.missing_one")  # no function: a replacement that raises
+    assert pm.patches_info[f"{STUB}.missing_one"].patch_func.__name__ == "dummy_function"
+    pm.remove_patches()
 
 
-def test_force_patch_replaces(stub: types.ModuleType) -> None:
-    manager = PatchManager()
-    manager.register_patch("rr_fakes_stub_moe.scale", lambda: "first")
-    manager.register_patch("rr_fakes_stub_moe.scale", lambda: "second", force_patch=True)
-    manager.apply_patches()
-    assert stub.scale() == "second"
-    manager.restore_everything()
+def test_remove_keeps_entries_restores_classes_and_skips_mindspeed_modules(
+    stub: types.ModuleType,
+) -> None:
+    pm = new_patch_manager()
 
-
-def test_from_import_copies_are_patched_too(stub: types.ModuleType) -> None:
-    manager = PatchManager()
+    def routing(self: Any, logits: Any) -> str:
+        return "replaced routing"
 
     def topk_softmax_with_capacity(*args: Any, **kwargs: Any) -> str:
-        return "patched"
+        return "replaced"
 
-    manager.register_patch(
-        "rr_fakes_stub_moe.topk_softmax_with_capacity", topk_softmax_with_capacity
+    pm.register_patch(f"{STUB}.TopKRouter.routing", routing)
+    pm.register_patch(f"{STUB}.topk_softmax_with_capacity", topk_softmax_with_capacity)
+    pm.apply_patches()
+    copier, ms_copier = (
+        sys.modules["rr_fakes_stub_copier"],
+        sys.modules["rr_fakes_stub_mindspeed_copier"],
     )
-    manager.apply_patches()
-    copier = sys.modules["rr_fakes_stub_copier"]
-    assert copier.topk_softmax_with_capacity(None, 2) == "patched"
-    manager.remove_patches()  # module attributes (and their copies) come back
+    assert copier.topk_softmax_with_capacity is topk_softmax_with_capacity  # copies follow
+    pm.remove_patches()
+    assert stub.TopKRouter().routing(None) == "original routing"  # class attribute restored
     assert copier.topk_softmax_with_capacity(None, 2) == ("original", 2)
-    assert stub.topk_softmax_with_capacity(None, 2) == ("original", 2)
+    assert ms_copier.topk_softmax_with_capacity is topk_softmax_with_capacity  # skipped
+    for target in (f"{STUB}.TopKRouter.routing", f"{STUB}.topk_softmax_with_capacity"):
+        patch = pm.patches_info[target]  # kept
+        assert (patch.patch_func, patch.final_patch_func, patch.wrappers) == (None, None, [])
+        assert patch.orig_func is not None
+        assert patch.is_applied is False
 
 
-def test_remove_restores_modules_but_not_classes(stub: types.ModuleType) -> None:
-    manager = PatchManager()
+def test_first_original_is_remembered_so_a_foreign_patch_is_discarded(
+    stub: types.ModuleType,
+) -> None:
+    pm = new_patch_manager()
 
-    def method_wrapper(fn: Any) -> Any:
-        return lambda self: "wrapped " + fn(self)
+    def routing_wrapper(fn: Any) -> Any:
+        return lambda self, logits: f"[{fn(self, logits)}]"
 
-    def scale_wrapper(fn: Any) -> Any:
-        return lambda: "wrapped " + fn()
-
-    manager.register_patch("rr_fakes_stub_moe.Holder.method", method_wrapper)
-    manager.register_patch("rr_fakes_stub_moe.scale", scale_wrapper)
-    manager.apply_patches()
-    manager.remove_patches()
-    assert manager.is_applied is False
-    assert stub.scale() == "scale"
-    assert stub.Holder().method() == "wrapped method"  # the class keeps the patch
-    manager.restore_everything()
-    assert stub.Holder().method() == "method"
+    pm.register_patch(f"{STUB}.TopKRouter.routing", routing_wrapper)
+    pm.apply_patches()
+    stub.TopKRouter.routing = lambda self, logits: "foreign"  # another library, in between
+    pm.remove_patches()  # the foreign value is not MindSpeed's: left alone
+    pm.register_patch(f"{STUB}.TopKRouter.routing", routing_wrapper)
+    pm.apply_patches()
+    assert stub.TopKRouter().routing(None) == "[original routing]"
 
 
-def test_first_original_is_remembered(stub: types.ModuleType) -> None:
-    manager = PatchManager()
+def test_a_missing_module_attribute_is_created_as_none(stub: types.ModuleType) -> None:
+    pm = new_patch_manager()
 
-    def method_wrapper(fn: Any) -> Any:
-        return lambda self: f"[{fn(self)}]"
+    def gone(*args: Any) -> str:
+        return "never reached"
 
-    target = "rr_fakes_stub_moe.Holder.method"
-    manager.register_patch(target, method_wrapper)
-    manager.apply_patches()
-    manager.remove_patches()  # the class attribute stays patched
-    manager.register_patch(target, method_wrapper)
-    manager.apply_patches()
-    assert stub.Holder().method() == "[method]"  # wraps the first original, not itself
-    manager.restore_everything()
+    pm.register_patch(f"{STUB}.removed_in_this_release", gone)
+    pm.apply_patches()
+    patch = pm.patches_info[f"{STUB}.removed_in_this_release"]
+    assert patch.orig_func is None
+    assert stub.removed_in_this_release is gone
 
 
-# -- the emulated package ------------------------------------------------------------------------
-def test_adaptor_import_applies_and_exit_removes_everything() -> None:
-    original_init = TransformerConfig.__init__
-    with emulated_mindspeed() as ms:
-        assert not ms.manager.is_applied
-        from mindspeed.patch_utils import MindSpeedPatchesManager
-
-        assert MindSpeedPatchesManager is ms.manager
-        importlib.import_module("mindspeed.megatron_adaptor")
-        assert ms.manager.is_applied is True
-        assert ms.adaptor_imported
-        assert TransformerConfig.__init__ is not original_init
-        with pytest.raises(RuntimeError, match=r"already in sys\.modules"), emulated_mindspeed():
-            pass
-    assert TransformerConfig.__init__ is original_init
-    assert not any(name.startswith("mindspeed") for name in sys.modules)
-
-
-def test_repatch_discards_a_foreign_patch() -> None:
-    state = {"patched": False}
-
-    def install_foreign() -> None:  # a library guarding re-installation with a flag
-        if state["patched"]:
-            return
-        original = TransformerConfig.__init__
-
-        @functools.wraps(original)
-        def foreign_init(self: Any, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            self.foreign_marker = True
-
-        TransformerConfig.__init__ = foreign_init  # type: ignore[method-assign]
-        state["patched"] = True
-
-    with emulated_mindspeed(import_adaptor=True) as ms:
-        install_foreign()
-        assert getattr(_config(), "foreign_marker", False)
-        ms.repatch({"some_flag": 1})
-        install_foreign()  # the guard thinks the patch is still there
-        cfg = _config()
-        assert not hasattr(cfg, "foreign_marker")
-        assert cfg.some_flag == 1
-
-
-def test_replay_install_before_first_patch_survives() -> None:
-    original = TransformerConfig.__init__
-
-    @functools.wraps(original)
-    def replay_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        self.replay_marker = True
-
-    TransformerConfig.__init__ = replay_init  # type: ignore[method-assign]
+# -- the adaptor ----------------------------------------------------------------------------------
+def test_adaptor_pre_patches_before_targets_and_repatch_applies_twice(
+    stub: types.ModuleType,
+) -> None:
+    real_compile, real_view = torch.compile, torch.Tensor.view
+    bound_before = _module("rr_fakes_stub_bound_before")
+    bound_before.jit_fuser = torch.compile
     try:
-        with emulated_mindspeed(import_adaptor=True) as ms:
-            ms.repatch()
-            assert _config().replay_marker
+        with emulated_mindspeed(line="0.12", targets=STUBS) as ms:
+            calls: list[int] = []
+            apply = ms.manager.apply_patches
+            ms.manager.apply_patches = lambda: (calls.append(1), apply())[1]  # type: ignore[method-assign]
+            ms.import_adaptor()
+            assert len(calls) == 2  # pre-patches, then patches
+            assert torch.compile is dummy_compile
+            assert ms.patch("torch.compile").patch_func
+            assert bound_before.jit_fuser is real_compile  # bound earlier: keeps the real one
+            assert ms.patch("torch.Tensor.view").wrappers
+            assert torch.Tensor.view is not real_view
+            assert torch.arange(6).view(2, 3).t().view(6).tolist() == [0, 3, 1, 4, 2, 5]
+            ms.repatch({"some_flag": 1})
+            assert len(calls) == 4
+            assert ms.args.some_flag == 1
+        assert (torch.compile, torch.Tensor.view) == (real_compile, real_view)
+        assert not any(name.startswith("mindspeed") for name in sys.modules)
     finally:
-        TransformerConfig.__init__ = original  # type: ignore[method-assign]
+        sys.modules.pop("rr_fakes_stub_bound_before", None)
 
 
-# -- the TransformerConfig rebuild ---------------------------------------------------------------
-def test_rebuilt_config_class_pickle_replace_deepcopy() -> None:
-    with emulated_mindspeed(import_adaptor=True, args={"use_fused_rotary": True}):
-        cfg = _config()
+# -- arguments_basic.py ---------------------------------------------------------------------------
+@pytest.mark.parametrize("line", LINES)
+def test_config_rebuild_structure(line: str, stub: types.ModuleType) -> None:
+    with emulated_mindspeed(line=line, targets=STUBS, import_adaptor=True) as ms:
+        cfg = _config()  # no unknown keyword: rebuilt all the same (MindSpeed's flags)
         assert type(cfg) is not TransformerConfig
-        assert issubclass(type(cfg), TransformerConfig)
-        assert (type(cfg).__name__, type(cfg).__module__) == ("TransformerConfig", "types")
-        assert type(_config()) is not type(cfg)  # one class per instance
-        assert cfg.use_fused_rotary is True
+        assert type(cfg).__name__ == "TransformerConfig"
+        if sys.version_info < (3, 12):
+            assert type(cfg).__module__ == "types"
+        assert cfg.moe_tp_extend_ep is False
+        assert cfg.optimization_level == 2
+        assert TransformerConfig.__init__.__wrapped__ is not None  # a wraps'd wrapper
+        assert ms.patch(f"{CONFIGS}.TransformerConfig.__post_init__").wrappers
+        with pytest.raises(AttributeError, match="moe_tp_extend_ep"):
+            dataclasses.replace(cfg, num_layers=4)  # the generated class skips the rebuild
+        cfg.set_later = 7
+        assert copy.deepcopy(cfg).set_later == 7
         with pytest.raises((pickle.PicklingError, AttributeError)):
             pickle.dumps(cfg)
-        cfg.set_later = 7
-        replaced = dataclasses.replace(cfg, num_layers=4)
-        assert replaced.num_layers == 4
-        assert not hasattr(replaced, "set_later")
-        assert not hasattr(replaced, "use_fused_rotary")
-        kept = copy.deepcopy(cfg)
-        assert kept.set_later == 7
-        assert kept.use_fused_rotary is True
+        subclass_defaults = line in ("0.12", "0.16")
+        assert (f"{CONFIGS}.TransformerConfig.__init_subclass__" in ms.manager.patches_info) is (
+            subclass_defaults
+        )
+
+        @dataclasses.dataclass
+        class Later(TransformerConfig):
+            pass
+
+        assert (vars(Later).get("moe_tp_extend_ep", "absent") is False) is subclass_defaults
+        mla_wrapped = f"{CONFIGS}.MLATransformerConfig.__init__" in ms.manager.patches_info
+        assert mla_wrapped is (line != "0.17")
 
 
-def test_unwrapped_init_dies_with_zero_heads() -> None:
-    with emulated_mindspeed(import_adaptor=True):
+def test_unknown_values_are_set_before_init_and_class_defaults_win(
+    stub: types.ModuleType,
+) -> None:
+    seen: dict[str, Any] = {}
+    TransformerConfig.enable_routing_replay = False  # type: ignore[attr-defined]
+    original = TransformerConfig.__post_init__
+
+    def spying_post_init(self: Any) -> None:
+        seen["use_fused_rotary"] = getattr(self, "use_fused_rotary", None)
+        original(self)
+
+    TransformerConfig.__post_init__ = spying_post_init  # type: ignore[method-assign]
+    try:
+        with emulated_mindspeed(line="0.16", targets=STUBS, args={"use_fused_rotary": True}):
+            importlib.import_module("mindspeed.megatron_adaptor")
+            cfg = _config(enable_routing_replay=True)
+            assert cfg.enable_routing_replay is False  # the class default wins
+            assert seen == {"use_fused_rotary": True}  # already there inside __init__
+    finally:
+        TransformerConfig.__post_init__ = original  # type: ignore[method-assign]
+        del TransformerConfig.enable_routing_replay  # type: ignore[attr-defined]
+
+
+def test_unwrapped_init_dies_with_zero_heads(stub: types.ModuleType) -> None:
+    with emulated_mindspeed(line="0.12", targets=STUBS, import_adaptor=True):
         assert _config().kv_channels == 4
         mindspeed_init = TransformerConfig.__init__
 
@@ -247,78 +278,114 @@ def test_unwrapped_init_dies_with_zero_heads() -> None:
             _config()
 
 
-def test_class_default_strips_the_flag() -> None:
-    TransformerConfig.enable_routing_replay = False  # type: ignore[attr-defined]
-    try:
-        with emulated_mindspeed(import_adaptor=True):
-            cfg = _config(enable_routing_replay=True)
-            assert cfg.enable_routing_replay is False
-    finally:
-        del TransformerConfig.enable_routing_replay  # type: ignore[attr-defined]
-
-
-def test_mla_config_accepts_unknown_flag_only_under_mindspeed() -> None:
+def test_mla_accepts_unknown_flag_only_under_mindspeed(stub: types.ModuleType) -> None:
     kwargs: dict[str, Any] = {"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2}
     with pytest.raises(TypeError):
         MLATransformerConfig(enable_routing_replay=True, **kwargs)  # type: ignore[call-arg]
-    with emulated_mindspeed(import_adaptor=True):
+    with emulated_mindspeed(line="0.12", targets=STUBS, import_adaptor=True):
         cfg: Any = MLATransformerConfig(enable_routing_replay=True, **kwargs)  # type: ignore[call-arg]
         assert cfg.enable_routing_replay is True
         assert isinstance(cfg, MLATransformerConfig)
-        assert type(cfg).__module__ == "types"
 
 
-# -- routing-replacing features ------------------------------------------------------------------
-def test_moe_tp_extend_ep_replaces_router_routing(stub: types.ModuleType) -> None:
-    logits = torch.randn(5, 8)
-    with emulated_mindspeed(
-        router_class=stub.TopKRouter, moe_tp_extend_ep=True, import_adaptor=True
-    ) as ms:
-        probs, routing_map = stub.TopKRouter().routing(logits)
-        assert ms.bypass_calls == ["TopKRouter.routing"]
-        assert routing_map.sum(dim=-1).tolist() == [2] * 5
-        assert torch.equal(routing_map, probs > 0)
-    assert stub.TopKRouter().routing(logits) == "original routing"
+# -- features_manager/moe -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("line", "args", "registered"),
+    [
+        ("0.12", {"fix_router": True, "expert_model_parallel_size": 2}, True),
+        ("0.12", {"moe_expert_capacity_factor": 1.0}, True),  # either flag on 0.12
+        ("0.16", {"fix_router": True}, False),  # no fix-router feature on 0.16
+        ("0.17", {"moe_expert_capacity_factor": 1.0}, False),
+        ("0.17", {"fix_router": True, "optimization_level": 1}, False),  # level 2 there
+        ("0.18", {"fix_router": True}, True),
+    ],
+)
+def test_fix_router_registration_per_line(
+    line: str, args: dict[str, Any], registered: bool, stub: types.ModuleType
+) -> None:
+    target = f"{STUB}.topk_softmax_with_capacity"
+    with emulated_mindspeed(line=line, targets=STUBS, args=args, import_adaptor=True) as ms:
+        assert (ms.patch(target) is not None) is registered
 
 
-def test_tp_extend_ep_needs_alltoall_seq(stub: types.ModuleType) -> None:
-    args = {"moe_token_dispatcher_type": "alltoall"}
-    with emulated_mindspeed(
-        router_class=stub.TopKRouter, moe_tp_extend_ep=True, args=args, import_adaptor=True
-    ) as ms:
-        assert not ms.routing_replaced
-        assert stub.TopKRouter().routing(None) == "original routing"
-
-
-def test_fix_router_replaces_topk_and_its_copies(stub: types.ModuleType) -> None:
-    copier = sys.modules["rr_fakes_stub_copier"]
-    with emulated_mindspeed(moe_utils=stub, fix_router=True, import_adaptor=True) as ms:
-        _probs, _routing_map, tokens_per_expert = copier.topk_softmax_with_capacity(
-            torch.randn(6, 4), 2
-        )
+def test_fix_router_selects_normally_then_overrides_with_arange(stub: types.ModuleType) -> None:
+    logits = torch.randn(6, 4)
+    native = torch.topk(torch.softmax(logits, -1), 2, dim=-1).indices.sort(-1).values
+    args = {"moe_expert_capacity_factor": 1.0}
+    with emulated_mindspeed(line="0.12", targets=STUBS, args=args, import_adaptor=True) as ms:
+        copier = sys.modules["rr_fakes_stub_copier"]
+        _, routing_map, _ = copier.topk_softmax_with_capacity(logits, 2, use_pre_softmax=True)
         assert ms.bypass_calls == ["topk_softmax_with_capacity"]
-        assert int(tokens_per_expert.sum()) == 12
-    assert copier.topk_softmax_with_capacity(None, 2) == ("original", 2)
+        kept = routing_map.nonzero()
+        assert all(int(e) in native[int(t)].tolist() for t, e in kept)  # normal selection
+        ms.args.fix_router = True  # the override reads the global flag at each call
+        _, routing_map, _ = stub.topk_softmax_with_capacity(logits, 2, capacity_factor=None)
+        expected = (torch.arange(12).view(6, 2) % 4).sort(-1).values
+        assert torch.equal(routing_map.nonzero()[:, 1].view(6, 2), expected)
+        with pytest.raises(AssertionError, match="expert_model_parallel_size"):
+            _config()  # fix_router with EP=1 fails the validation in __post_init__
 
 
-def test_real_megatron_config_is_rebuilt_the_same_way() -> None:
-    """Runs where megatron-core is installed: the rebuild on the real classes."""
+@pytest.mark.parametrize(
+    ("args", "routing", "moe_layer"),
+    [
+        ({"moe_tp_extend_ep": True, "moe_token_dispatcher_type": "alltoall_seq"}, True, True),
+        (
+            {
+                "moe_tp_extend_ep": True,
+                "moe_token_dispatcher_type": "alltoall_seq",
+                "moe_alltoall_overlap_comm": True,
+            },
+            True,
+            False,
+        ),
+        ({"moe_tp_extend_ep": True, "moe_token_dispatcher_type": "alltoall"}, False, False),
+        (
+            {
+                "moe_tp_extend_ep": True,
+                "moe_token_dispatcher_type": "alltoall_seq",
+                "optimization_level": 1,
+            },
+            False,
+            False,
+        ),
+    ],
+)
+@pytest.mark.parametrize("line", LINES)
+def test_tp_extend_ep_replaces_routing_and_moe_layer(
+    line: str, args: dict[str, Any], routing: bool, moe_layer: bool, stub: types.ModuleType
+) -> None:
+    base = stub.MoELayer
+    with emulated_mindspeed(line=line, targets=STUBS, args=args, import_adaptor=True) as ms:
+        assert (ms.patch(f"{STUB}.TopKRouter.routing") is not None) is routing
+        assert (stub.MoELayer is not base) is moe_layer
+        if moe_layer:
+            assert issubclass(stub.MoELayer, base)
+        if routing:
+            probs, routing_map = stub.TopKRouter().routing(torch.randn(5, 8))
+            assert ms.bypass_calls == ["TopKRouter.routing"]
+            assert routing_map.sum(-1).tolist() == [2] * 5
+            assert torch.equal(routing_map, probs > 0)
+    assert stub.MoELayer is base
+    assert stub.TopKRouter().routing(None) == "original routing"
+
+
+def test_real_megatron_config_class_is_generated_per_instance() -> None:
+    """Where megatron-core is installed: the rebuild on the real classes."""
     tc = pytest.importorskip("megatron.core.transformer.transformer_config")
+    if installed_line_or_none() is None:
+        pytest.skip("no MindSpeed line for the installed megatron-core")
     kwargs: dict[str, Any] = {"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2}
-    with emulated_mindspeed(
-        config_classes=(tc.TransformerConfig, tc.MLATransformerConfig), import_adaptor=True
-    ):
-        cfg = tc.TransformerConfig(enable_routing_replay=True, **kwargs)
+    with emulated_mindspeed(pre_patches=False, import_adaptor=True) as ms:
+        cfg = tc.TransformerConfig(**kwargs)
         assert type(cfg) is not tc.TransformerConfig
-        assert cfg.enable_routing_replay is True
-        with pytest.raises((pickle.PicklingError, AttributeError)):
-            pickle.dumps(cfg)
-        mindspeed_init = tc.TransformerConfig.__init__
-
-        def careless_init(self: Any, *args: Any, **kw: Any) -> None:
-            mindspeed_init(self, *args, **kw)
-
-        tc.TransformerConfig.__init__ = careless_init
-        with pytest.raises(ZeroDivisionError):
-            tc.TransformerConfig(**kwargs)
+        assert type(cfg).__module__ == "types"
+        assert (
+            tc.TransformerConfig.__init__.__wrapped__
+            is ms.patch(
+                "megatron.core.transformer.transformer_config.TransformerConfig.__init__"
+            ).orig_func
+        )
+        with pytest.raises(AttributeError):
+            dataclasses.replace(cfg, num_layers=4)
     assert type(tc.TransformerConfig(**kwargs)) is tc.TransformerConfig

@@ -1,17 +1,20 @@
-"""Replay under the emulated MindSpeed, on real megatron-core (0.12.3 and 0.16.1).
+"""Replay under the emulated MindSpeed (the line matching the installed megatron-core), on real
+megatron-core.
 
 Real-world failures guarded against: MindSpeed's ``repatch()`` (an engine calls it at the end of
-its constructor) re-installing ``wrapper(first_original)`` and silently dropping rr's hooks;
-the per-instance TransformerConfig rebuild stripping a replay flag (class defaults) or every
-field (hidden signatures, ZeroDivisionError); ``dataclasses.replace`` / pickling of rebuilt
-configs losing the flag; ``--moe-tp-extend-ep`` / ``--fix-router`` bypassing replay hooks;
-replay patches for newer Megatron crashing on 0.12 as soon as aux loss, token dropping or group
-top-k is on (C6).
+its constructor) dropping rr's hooks; the per-instance TransformerConfig rebuild stripping a
+replay flag or every field; ``dataclasses.replace`` / pickling of rebuilt configs; MindSpeed
+replacements of routing bypassing replay hooks, and false refusals where nothing replaces
+routing (wrapper-only registrations, entries a repatch left with ``patch_func=None``, flags no
+feature reads); rr installed before MindSpeed importing Megatron ahead of its pre-patches;
+replay patches for newer Megatron crashing on 0.12 (C6).
+
+This process imported Megatron before any emulation, so MindSpeed's pre-patches would come too
+late here (``pre_patches=False``); the two orders where they matter run in fresh interpreters.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import pickle
@@ -23,89 +26,68 @@ import pytest
 
 import rr_megatron_compat as rmc
 import rr_npu
-from rr_core import ReplayController, ReplayMode
-from rr_fakes.megatron import unavailable_reason
+from rr_fakes.mindspeed_emu import Feature
+from rr_npu_testing import mindspeed_unavailable, round_trip, run_script
 
-REASON = unavailable_reason()
+REASON = mindspeed_unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+ROUTING = "megatron.core.transformer.moe.router.TopKRouter.routing"
+TOPK = "megatron.core.transformer.moe.moe_utils.topk_softmax_with_capacity"
+MOE_LAYER = "megatron.core.transformer.moe.moe_layer.MoELayer"
 
 
 def _mod(name: str) -> Any:
     return importlib.import_module(f"megatron.core.{name}")
 
 
-@contextmanager
-def mindspeed(
-    *, router_wrapper: bool = True, import_adaptor: bool = False, **kwargs: Any
-) -> Iterator[Any]:
-    """The emulation on the real classes. ``router_wrapper`` adds a MindSpeed stacking patch on
-    ``TopKRouter.routing`` (an attribute rr hooks), so a repatch really drops rr's proxy."""
-    from rr_fakes.mindspeed_emu import dotted_name, emulated_mindspeed
+def _line() -> tuple[int, int]:
+    return rmc.megatron_line().version.release[:2]  # type: ignore[return-value]
 
-    tc, router = _mod("transformer.transformer_config"), _mod("transformer.moe.router")
-    with emulated_mindspeed(
-        config_classes=(tc.TransformerConfig, tc.MLATransformerConfig),
-        router_class=router.TopKRouter,
-        moe_utils=_mod("transformer.moe.moe_utils"),
-        **kwargs,
-    ) as ms:
-        if router_wrapper:
-            register = ms.register
 
-            def routing_wrapper(fn: Any) -> Any:
-                @functools.wraps(fn)
-                def routing(*a: Any, **kw: Any) -> Any:
+class WrapperOnly(Feature):
+    """A feature that only stacks a pass-through on ``targets`` (no ``functools.wraps``, so only
+    MindSpeed's record says it calls the original)."""
+
+    def __init__(self, *targets: str) -> None:
+        super().__init__("test-wrapper", 0)
+        self.targets = targets
+
+    def register_patches(self, pm: Any, args: Any) -> None:
+        for target in self.targets:
+
+            def passthrough_wrapper(fn: Any) -> Any:
+                def wrapped(*a: Any, **kw: Any) -> Any:
                     return fn(*a, **kw)
 
-                return routing
+                return wrapped
 
-            def register_with_router_patch() -> None:
-                register()
-                ms.manager.register_patch(
-                    dotted_name(router.TopKRouter, "routing"), routing_wrapper
-                )
+            pm.register_patch(target, passthrough_wrapper)
 
-            ms.register = register_with_router_patch
+
+@contextmanager
+def mindspeed(*, wrappers: tuple[str, ...] = (ROUTING,), **kwargs: Any) -> Iterator[Any]:
+    """The emulation of this line without its pre-patches; ``wrappers`` get a pass-through
+    registered (on ``TopKRouter.routing`` by default: an attribute rr hooks, so a repatch
+    really drops rr's proxy)."""
+    from rr_fakes.megatron import model_parallel
+    from rr_fakes.mindspeed_emu import emulated_mindspeed
+
+    import_adaptor = kwargs.pop("import_adaptor", True)
+    with model_parallel(), emulated_mindspeed(pre_patches=False, **kwargs) as ms:
+        if wrappers:
+            ms.features.append(WrapperOnly(*wrappers))
         if import_adaptor:
             ms.import_adaptor()
         yield ms
 
 
-def _extra(**more: Any) -> dict[str, Any]:
-    flag = rmc.replay_config_fields()
-    return {**flag, **more}
-
-
-def _assert_config_intact(config: Any) -> None:
-    assert type(config).__module__ == "types"  # rebuilt per instance by MindSpeed
-    assert "num_layers" in inspect.signature(type(config)).parameters
-    assert config.kv_channels == config.hidden_size // config.num_attention_heads
-    assert rmc.replay_enabled(config)
-
-
-def _round_trip(extra: dict[str, Any] | None = None, capacity: str = "warn") -> dict[int, float]:
-    from rr_fakes.megatron import TinyGPTConfig, build_gpt, gpt_inputs, train_step
-
-    model = build_gpt(TinyGPTConfig(extra=_extra(**(extra or {}))))
-    _assert_config_intact(model.config)
-    batch = gpt_inputs(2, 8, 64)
-    controller = ReplayController(num_experts=8, top_k=2)
+@contextmanager
+def installed() -> Iterator[None]:
+    rr_npu.install()
     try:
-        rr_npu.attach(controller, model, capacity=capacity)
-        controller.set_mode(ReplayMode.RECORD)
-        train_step([model], [batch])
-        routes = controller.recorded(0)
-        controller.end_step()
-        assert routes is not None
-        assert tuple(routes.shape) == (16, 4, 2)
-        controller.set_mode(ReplayMode.REPLAY)
-        controller.arm(0, routes, layer_numbers=controller.layer_numbers)
-        train_step([model], [batch])
-        agreement = controller.end_step().agreement
+        yield
     finally:
-        rr_npu.detach(controller)
-    assert agreement == {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}
-    return agreement
+        rr_npu.uninstall()
 
 
 def _rr_proxy(owner: Any, name: str) -> Any:
@@ -117,63 +99,55 @@ def _rr_proxy(owner: Any, name: str) -> Any:
     return active[0]
 
 
+# -- orders -------------------------------------------------------------------------------------
 def test_order_mindspeed_adaptor_first() -> None:
-    from rr_fakes.megatron import model_parallel
-
-    with model_parallel(), mindspeed(import_adaptor=True):
-        rr_npu.install()
-        try:
-            assert rmc.is_installed()
-            _round_trip()
-        finally:
-            rr_npu.uninstall()
+    with mindspeed() as ms, installed():
+        assert ms.patch(ROUTING).patch_func is None
+        assert ms.patch(ROUTING).wrappers
+        assert rmc.is_installed()
+        round_trip()
 
 
 def test_order_rr_first_then_repatch_reinstalls_dropped_hooks() -> None:
-    from rr_fakes.megatron import model_parallel
-
-    with model_parallel(), mindspeed(import_adaptor=True) as ms:
+    with mindspeed() as ms, installed():
         router = _mod("transformer.moe.router").TopKRouter
-        rr_npu.install()
-        try:
-            before = _rr_proxy(router, "routing")
-            ms.repatch({"some_engine_flag": 1})  # wrapper(first_original): rr's proxy dropped
-            after = _rr_proxy(router, "routing")  # put back by identity right after the repatch
-            assert after is not before
-            assert rmc.is_installed()
-            assert rr_npu.ensure_installed() == ()
-            _round_trip()
-        finally:
-            rr_npu.uninstall()
-        assert not isinstance(ms.manager.apply_patches, rr_npu.ReinstallAfterApply)
+        before = _rr_proxy(router, "routing")
+        ms.repatch({"some_engine_flag": 1})  # wrapper(first_original): rr's proxy dropped
+        after = _rr_proxy(router, "routing")  # put back right after each of the two applies
+        assert after is not before
+        assert rr_npu.ensure_installed() == ()
+        round_trip()
+    assert not isinstance(ms.manager.apply_patches, rr_npu.ReinstallAfterApply)
 
 
-def test_order_rr_before_mindspeeds_first_patch() -> None:
-    from rr_fakes.megatron import model_parallel
+def test_order_rr_installed_before_mindspeeds_first_patch() -> None:
+    with mindspeed(import_adaptor=False) as ms, installed():
+        ms.import_adaptor()
+        ms.repatch()
+        round_trip()  # attach re-checks: the manager is hooked from here on
+        assert isinstance(ms.manager.apply_patches, rr_npu.ReinstallAfterApply)
+        ms.repatch()
+        assert rmc.is_installed()
+        round_trip()
 
-    with model_parallel():
-        rr_npu.install()
-        try:
-            with mindspeed() as ms:
-                ms.import_adaptor()
-                ms.repatch()
-                _round_trip()  # attach re-checks: the manager is hooked from here on
-                assert isinstance(ms.manager.apply_patches, rr_npu.ReinstallAfterApply)
-                ms.repatch()
-                assert rmc.is_installed()
-                _round_trip()
-        finally:
-            rr_npu.uninstall()
+
+def test_install_before_mindspeed_imports_no_megatron_and_replays() -> None:
+    """Fresh process: install first, MindSpeed's pre-patches (torch.compile) before Megatron."""
+    assert "RR-FIRST-OK" in run_script("rr_first_then_mindspeed")
+
+
+def test_megatron_imported_before_mindspeed_is_refused_by_name() -> None:
+    out = run_script("megatron_first_then_mindspeed")
+    assert "ORDER-REFUSED" in out
+    for part in ("jit_fuser", "mindspeed.megatron_adaptor", "`rr explain C8`"):
+        assert part in out
 
 
 def test_install_uninstall_state_machine_under_mindspeed() -> None:
-    from rr_fakes.megatron import model_parallel
-
-    with model_parallel(), mindspeed(import_adaptor=True) as ms:
+    with mindspeed() as ms:
         rr_npu.install()
         rr_npu.install()  # twice: nothing doubled
-        router = _mod("transformer.moe.router").TopKRouter
-        _rr_proxy(router, "routing")
+        _rr_proxy(_mod("transformer.moe.router").TopKRouter, "routing")
         rr_npu.uninstall()
         rr_npu.uninstall()
         assert not rmc.installed_hooks()
@@ -181,57 +155,128 @@ def test_install_uninstall_state_machine_under_mindspeed() -> None:
         assert not rmc.installed_hooks()
 
 
+# -- what routes ----------------------------------------------------------------------------------
+def test_wrapper_only_registrations_are_accepted_and_replay_exactly() -> None:
+    targets = (ROUTING, TOPK) if _line() < (0, 14) else (ROUTING,)  # 0.14+: no such function
+    with mindspeed(wrappers=targets) as ms, installed():
+        for target in targets:
+            record = ms.patch(target)
+            assert record.patch_func is None
+            assert record.wrappers
+            assert record.is_applied
+        assert rr_npu.routing_replacements() == []
+        round_trip()
+
+
+def test_tp_extend_ep_is_refused_naming_feature_function_and_fix() -> None:
+    args = {"moe_permutation_async_comm": True, "moe_grouped_gemm": True}
+    with mindspeed(moe_tp_extend_ep=True, args=args) as ms:
+        assert ms.patch(ROUTING).patch_func is not None
+        assert ms.patch(MOE_LAYER).patch_func is not None  # MoELayer is replaced too
+        with pytest.raises(rr_npu.RoutingReplacedError) as caught:
+            rr_npu.install()
+        rr_npu.uninstall()
+    message = str(caught.value)
+    for part in ("moe_tp_extend_ep", ROUTING, "routing_tp_extend_ep", "alltoall", "C7"):
+        assert part in message
+
+
+def test_tp_extend_ep_needs_optimization_level_2() -> None:
+    args = {"optimization_level": 1, "moe_permutation_async_comm": True}
+    with mindspeed(moe_tp_extend_ep=True, args=args) as ms, installed():
+        assert ms.patch(ROUTING).patch_func is None  # the feature did not apply
+        assert rr_npu.routing_replacements() == []
+
+
+def test_repatch_dropping_tp_extend_ep_is_accepted_and_replays() -> None:
+    args = {"moe_permutation_async_comm": True}
+    with mindspeed(moe_tp_extend_ep=True, args=args) as ms:
+        with pytest.raises(rr_npu.RoutingReplacedError):
+            rr_npu.install()
+        ms.repatch({"moe_tp_extend_ep": False, "moe_token_dispatcher_type": "alltoall"})
+        record = ms.patch(ROUTING)
+        assert record.patch_func is None
+        assert record.orig_func_name == "routing"
+        assert ms.patch(MOE_LAYER).patch_func is None
+        with installed():
+            round_trip()
+
+
+def test_tp_extend_ep_turned_on_by_repatch_is_refused() -> None:
+    with mindspeed() as ms, installed():
+        change = {"moe_tp_extend_ep": True, "moe_token_dispatcher_type": "alltoall_seq"}
+        with pytest.raises(rr_npu.RoutingReplacedError, match="moe_tp_extend_ep"):
+            ms.repatch({**change, "moe_permutation_async_comm": True})
+
+
+@pytest.mark.skipif(_line() >= (0, 13) if REASON is None else True, reason="MindSpeed 0.12 line")
+def test_capacity_factor_without_fix_router_is_refused_as_fix_router_on_012() -> None:
+    with mindspeed(args={"moe_expert_capacity_factor": 1.0}) as ms:
+        assert ms.args.fix_router is False
+        assert ms.patch(TOPK).patch_func is not None
+        with pytest.raises(rr_npu.RoutingReplacedError) as caught:
+            rr_npu.install()
+        rr_npu.uninstall()
+    message = str(caught.value)
+    for part in ("fix_router", "--moe-expert-capacity-factor", "moe_expert_capacity_factor=1.0"):
+        assert part in message
+    assert "fix_router=False" in message
+    assert "`rr explain C7`" in message
+
+
+@pytest.mark.skipif(_line() != (0, 16) if REASON is None else True, reason="MindSpeed 0.16 line")
+def test_fix_router_flag_is_inert_on_016_and_replays() -> None:
+    with mindspeed(fix_router=True) as ms, installed():
+        assert TOPK not in ms.manager.patches_info  # core_r0.16.0 has no fix-router feature
+        assert rr_npu.routing_replacements() == []
+        round_trip()  # and its configs build with EP=1: no validation reads the flag
+
+
+@pytest.mark.skipif(_line() < (0, 17) if REASON is None else True, reason="MindSpeed 0.17+")
+def test_fix_router_registered_where_megatron_no_longer_calls_it_is_accepted() -> None:
+    with mindspeed(fix_router=True) as ms, installed():
+        assert ms.patch(TOPK).patch_func is not None
+        assert ms.patch(TOPK).orig_func is None
+        assert rr_npu.routing_replacements() == []
+
+
+# -- configs --------------------------------------------------------------------------------------
 def test_mla_config_with_flag_and_rr_owned_copies() -> None:
     """MLATransformerConfig with the flag: TypeError on plain 0.12, accepted under MindSpeed;
     rr's copies (replace, plain data across processes) keep the flag and MindSpeed's args."""
-    from rr_fakes.megatron import model_parallel
-
     kwargs: dict[str, Any] = {"num_layers": 2, "hidden_size": 16, "num_attention_heads": 2}
-    with model_parallel():
+    if _line() == (0, 17):
+        pytest.skip("core_r0.17.0 does not patch MLATransformerConfig.__init__")
+    with mindspeed(args={"use_fused_rmsnorm": True}):
         tc = _mod("transformer.transformer_config")
-        if not rmc.megatron_line().native_replay:
-            with pytest.raises(TypeError):
-                tc.MLATransformerConfig(moe_enable_routing_replay=True, **kwargs)
-        with mindspeed(import_adaptor=True, args={"use_fused_rmsnorm": True}):
-            cfg = tc.MLATransformerConfig(moe_enable_routing_replay=True, **kwargs)
-            assert cfg.moe_enable_routing_replay is True
-            assert type(cfg).__module__ == "types"
-            rr_npu.enable_replay(cfg)
-            assert rmc.replay_enabled(cfg)
-            cfg.set_after_construction = 7
-            with pytest.raises((pickle.PicklingError, AttributeError)):
-                pickle.dumps(cfg)
-            copy = rr_npu.replace_config(cfg, num_layers=4)
-            assert copy.num_layers == 4
-            assert copy.moe_enable_routing_replay is True
-            assert (copy.use_fused_rmsnorm, copy.set_after_construction) == (True, 7)
-            plain = pickle.loads(pickle.dumps(rr_npu.config_to_plain(cfg)))
-            assert plain["class"].endswith(":MLATransformerConfig")
-            rebuilt = rr_npu.config_from_plain(plain)
-            assert rebuilt.moe_enable_routing_replay is True
-            assert isinstance(rebuilt, tc.MLATransformerConfig)
-            assert rmc.replay_enabled(rebuilt)
+        cfg = tc.MLATransformerConfig(moe_enable_routing_replay=True, **kwargs)
+        assert cfg.moe_enable_routing_replay is True
+        assert type(cfg).__module__ == "types"
+        rr_npu.enable_replay(cfg)
+        cfg.set_after_construction = 7
+        with pytest.raises((pickle.PicklingError, AttributeError)):
+            pickle.dumps(cfg)
+        copy = rr_npu.replace_config(cfg, num_layers=4)
+        assert (copy.num_layers, copy.moe_enable_routing_replay) == (4, True)
+        assert (copy.use_fused_rmsnorm, copy.set_after_construction) == (True, 7)
+        plain = pickle.loads(pickle.dumps(rr_npu.config_to_plain(cfg)))
+        assert plain["class"].endswith(":MLATransformerConfig")
+        rebuilt = rr_npu.config_from_plain(plain)
+        assert isinstance(rebuilt, tc.MLATransformerConfig)
+        assert rmc.replay_enabled(rebuilt)
+        assert rr_npu.declared_class(cfg) is tc.MLATransformerConfig
 
 
 def test_no_class_level_flag_and_signatures_preserved() -> None:
-    from rr_fakes.megatron import model_parallel
-
-    with model_parallel(), mindspeed(import_adaptor=True):
+    with mindspeed(), installed():
         tc = _mod("transformer.transformer_config")
-        rr_npu.install()
-        try:
-            for klass in (tc.TransformerConfig, tc.MLATransformerConfig):
-                assert "num_layers" in inspect.signature(klass).parameters
-                flag = vars(klass).get("moe_enable_routing_replay", False)
-                assert flag is False  # only Megatron's own field default, never True
-        finally:
-            rr_npu.uninstall()
+        for klass in (tc.TransformerConfig, tc.MLATransformerConfig):
+            assert "num_layers" in inspect.signature(klass).parameters
+            assert vars(klass).get("moe_enable_routing_replay", False) is False
 
 
 def test_hidden_config_signature_is_refused() -> None:
-    from rr_fakes.megatron import model_parallel
-
-    with model_parallel(), mindspeed(import_adaptor=True):
+    with mindspeed():
         tc = _mod("transformer.transformer_config")
         mindspeed_init = tc.TransformerConfig.__init__
 
@@ -242,34 +287,6 @@ def test_hidden_config_signature_is_refused() -> None:
         with pytest.raises(rr_npu.ConfigSignatureError, match=r"functools\.wraps"):
             rr_npu.install()
         rr_npu.uninstall()
-
-
-@pytest.mark.parametrize(
-    ("feature", "match"), [("moe_tp_extend_ep", "moe_tp_extend_ep"), ("fix_router", "fix_router")]
-)
-def test_routing_replacing_features_are_refused(feature: str, match: str) -> None:
-    from rr_fakes.megatron import model_parallel
-
-    with model_parallel(), mindspeed(import_adaptor=True, **{feature: True}):
-        with pytest.raises(rr_npu.RoutingReplacedError, match=match):
-            rr_npu.install()
-        rr_npu.uninstall()
-
-
-def test_feature_turned_on_by_repatch_is_refused() -> None:
-    from rr_fakes.megatron import TinyGPTConfig, model_parallel, transformer_config
-
-    with model_parallel(), mindspeed(import_adaptor=True) as ms:
-        rr_npu.install()
-        try:
-            with pytest.raises(rr_npu.RoutingReplacedError, match="fix_router"):
-                ms.repatch({"fix_router": True})
-            config = transformer_config(TinyGPTConfig(extra=_extra()))
-            assert config.fix_router is True  # MindSpeed merged it into the config
-            with pytest.raises(rr_npu.RoutingReplacedError):
-                rr_npu.enable_replay(config)
-        finally:
-            rr_npu.uninstall()
 
 
 @pytest.mark.parametrize(
@@ -287,24 +304,17 @@ def test_feature_turned_on_by_repatch_is_refused() -> None:
     ],
 )
 def test_line_guarantees_hold_under_mindspeed(extra: dict[str, Any]) -> None:
-    from rr_fakes.megatron import model_parallel
-
-    with model_parallel(), mindspeed(import_adaptor=True):
-        rr_npu.install()
-        try:
-            _round_trip(extra, capacity="allow")
-        finally:
-            rr_npu.uninstall()
+    with mindspeed(), installed():
+        round_trip(extra, capacity="allow")
 
 
 def test_offsets_are_for_the_requested_stage_not_the_global_rank() -> None:
     """0.12's offset functions read the global pipeline rank; under MindSpeed on a rank-0
-    process (a driver, a checkpoint converter) a patch that falls back to it computes every
-    stage's layers as stage 0's. rr derives each stage's layers from the config."""
+    process a patch that falls back to it computes every stage's layers as stage 0's. rr
+    derives each stage's layers from the config."""
     import torch
 
     from rr_core import stage_layer_numbers, stage_moe_layer_numbers
-    from rr_fakes.megatron import model_parallel
     from rr_megatron_compat import layout_config
 
     kwargs: dict[str, Any] = {
@@ -320,21 +330,16 @@ def test_offsets_are_for_the_requested_stage_not_the_global_rank() -> None:
         "num_layers_in_first_pipeline_stage": 1,
         "num_layers_in_last_pipeline_stage": 3,
     }
-    with model_parallel(), mindspeed(import_adaptor=True):
-        tc = _mod("transformer.transformer_config")
-        cfg = tc.TransformerConfig(**kwargs)
+    with mindspeed():
+        cfg = _mod("transformer.transformer_config").TransformerConfig(**kwargs)
         assert type(cfg).__module__ == "types"  # rebuilt by MindSpeed
         layout = layout_config(cfg)
         stages = [stage_layer_numbers(layout, rank) for rank in range(4)]
         assert stages == [(1,), (2, 3), (4, 5), (6, 7, 8)]
-        assert [stage_moe_layer_numbers(layout, r) for r in range(4)] == [
-            (),
-            (2, 3),
-            (5,),
-            (6, 7, 8),
-        ]
+        moe = [stage_moe_layer_numbers(layout, r) for r in range(4)]
+        assert moe == [(), (2, 3), (5,), (6, 7, 8)]
         ps, block = _mod("parallel_state"), _mod("transformer.transformer_block")
-        assert ps.get_pipeline_model_parallel_rank() == 0  # the global rank of this process
+        assert ps.get_pipeline_model_parallel_rank() == 0
         offset_fn = _mod("transformer.transformer_layer").get_transformer_layer_offset
         ps.set_pipeline_model_parallel_world_size(4)
         try:

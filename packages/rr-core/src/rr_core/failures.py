@@ -210,6 +210,32 @@ _ENTRIES = (
         "rr_megatron_compat resolves each hook target per supported line and imports names one "
         "by one; `rr megatron` lists the known issues of the installed line.",
     ),
+    FailureMode(
+        "C7",
+        "A MindSpeed feature replaces routing",
+        "Under MindSpeed the router routes natively, or routes every token to experts "
+        "arange % E, although replay is on.",
+        "MindSpeed's moe_tp_extend_ep (alltoall_seq dispatcher) replaces TopKRouter.routing, and "
+        "on its 0.12 line fix_router (registered by --fix-router or --moe-expert-capacity-factor) "
+        "replaces topk_softmax_with_capacity; neither calls the function rr hooks.",
+        "rr_npu follows what the router reaches (rr's proxies, __wrapped__ chains, MindSpeed's "
+        "patch records) and refuses only a MindSpeed replacement it reaches, naming the feature, "
+        "the patched function, the trigger and the fix; wrapper-only registrations, entries a "
+        "repatch left with patch_func=None and flags no feature reads are accepted. The check "
+        "runs again after every MindSpeed apply and at attach.",
+    ),
+    FailureMode(
+        "C8",
+        "Megatron imported before MindSpeed's pre-patches",
+        "Under MindSpeed the first forward fails inside torch dynamo.",
+        "MindSpeed replaces torch.compile with a pass-through before it imports Megatron; "
+        "Megatron binds jit_fuser = torch.compile at import, so where Megatron came first every "
+        "@jit_fuser function keeps the real compiler.",
+        "rr_npu.install() never imports Megatron before it is loaded (the hooks go in at the "
+        "first MindSpeed apply or at attach), and attach raises MindSpeedOrderError when "
+        "megatron.core.jit.jit_fuser is still the real torch.compile under MindSpeed; import "
+        "mindspeed.megatron_adaptor before anything imports megatron.",
+    ),
     # -- D ---------------------------------------------------------------------------------
     FailureMode(
         "D1",

@@ -49,8 +49,15 @@ from ._install import (
 )
 from ._mindspeed import (
     ConfigSignatureError as ConfigSignatureError,
-    RoutingReplacedError as RoutingReplacedError,
     check_config_signatures as check_config_signatures,
+)
+from ._order import (
+    MindSpeedOrderError as MindSpeedOrderError,
+    check_import_order as check_import_order,
+)
+from ._routing import (
+    Replacement as Replacement,
+    RoutingReplacedError as RoutingReplacedError,
     check_routing_not_replaced as check_routing_not_replaced,
     routing_replacements as routing_replacements,
 )

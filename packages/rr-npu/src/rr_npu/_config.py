@@ -1,12 +1,13 @@
 """Replay configs that survive MindSpeed's per-instance TransformerConfig rebuild.
 
-Under MindSpeed a config's class is generated per instance (module ``types``): pickling fails
-and ``dataclasses.replace`` builds through the generated class, dropping whatever was set after
-construction (MindSpeed's merged arguments, a flag set on the instance). rr never adds a
-class-level default (MindSpeed keeps a class default over the value passed in) and never wraps
-``__init__`` (the signature MindSpeed reads must stay real). Where rr owns the copy it goes
-through plain data: :func:`config_to_plain` / :func:`config_from_plain` (for other processes)
-and :func:`replace_config` (in-process), which keep every instance attribute, the replay flag
+Under MindSpeed a config's class is generated per instance (module ``types`` on 3.11): pickling
+fails, and ``dataclasses.replace`` builds through the generated class without MindSpeed's
+rebuild, so the copy lacks MindSpeed's merged arguments and whatever was set after construction
+(and MindSpeed's validation in ``__post_init__`` then raises). rr never adds a class-level
+default (MindSpeed keeps a class default over the value passed in) and never wraps ``__init__``
+(the signature MindSpeed reads must stay real). Where rr owns the copy it goes through plain
+data: :func:`config_to_plain` / :func:`config_from_plain` (for other processes) and
+:func:`replace_config` (in-process), which keep every instance attribute, the replay flag
 included.
 """
 
@@ -14,18 +15,26 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from typing import Any
 
 import rr_megatron_compat as rmc
 from rr_megatron_compat import ReplayConfigError
-from rr_npu._mindspeed import check_routing_not_replaced
+from rr_npu._routing import check_routing_not_replaced
 
-GENERATED_MODULE = "types"
+
+def _importable(klass: type) -> bool:
+    """Is ``klass`` what its module and qualified name resolve to? A class MindSpeed generates
+    per instance is not (its module is ``types`` on Python 3.11, the caller's on 3.12+)."""
+    obj: Any = sys.modules.get(klass.__module__)
+    for part in klass.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is klass
 
 
 def enable_replay(config: Any, *, capacity: str = "warn") -> Any:
-    """``rr_megatron_compat.enable_replay`` after refusing MindSpeed features that replace
-    routing; the flag goes on the instance only. Returns ``config``."""
+    """``rr_megatron_compat.enable_replay`` after refusing MindSpeed replacements the router
+    reaches; the flag goes on the instance only. Returns ``config``."""
     check_routing_not_replaced(config)
     return rmc.enable_replay(config, capacity=capacity)
 
@@ -33,7 +42,7 @@ def enable_replay(config: Any, *, capacity: str = "warn") -> Any:
 def declared_class(config: Any) -> type:
     """The real (importable) config class behind a per-instance generated one."""
     for klass in type(config).__mro__:
-        if klass.__module__ != GENERATED_MODULE:
+        if _importable(klass):
             return klass
     raise ReplayConfigError(
         f"{type(config)!r} has no importable base class; pass a Megatron config instance"

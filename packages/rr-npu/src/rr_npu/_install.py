@@ -10,12 +10,17 @@ reachable). On top of it this module
   rr's hooks after every (re)patch, so a ``repatch()`` cannot leave replay off;
 - re-checks at :func:`attach` (:func:`ensure_installed`), which covers a MindSpeed that was
   loaded after :func:`install`;
-- refuses MindSpeed features that replace routing and config classes whose signature is hidden;
+- refuses MindSpeed replacements the router reaches (:mod:`rr_npu._routing`, re-read after every
+  apply), config classes whose signature is hidden, and Megatron imported before MindSpeed's
+  pre-patches (:mod:`rr_npu._order`);
+- never imports Megatron itself before it is loaded: :func:`install` called earlier only records
+  the request, and the hooks go in at the first MindSpeed apply rr sees or at :func:`attach`;
 - installs the fused gating guard where torch_npu is loaded.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -26,11 +31,9 @@ import rr_megatron_compat as rmc
 from rr_core import ReplayController, ReplayError
 from rr_core.patching import Patches
 from rr_npu._gating import install_gating_guard, uninstall_gating_guard, unwatch, watch
-from rr_npu._mindspeed import (
-    check_config_signatures,
-    check_routing_not_replaced,
-    patch_manager,
-)
+from rr_npu._mindspeed import check_config_signatures, mark_pass_throughs, patch_manager
+from rr_npu._order import JIT_MODULE, check_import_order
+from rr_npu._routing import check_routing_not_replaced
 
 _LOCK = threading.RLock()
 _STATE: dict[str, Any] = {"installed": False, "force": False}
@@ -65,9 +68,21 @@ def _unhook_patch_managers() -> None:
     _HOOKED.restore()  # a manager someone re-patched since keeps theirs
 
 
+def megatron_loaded() -> bool:
+    """May rr import Megatron now? Once Megatron bound ``torch.compile`` (``megatron.core.jit``
+    is loaded) or MindSpeed is loaded (its pre-patches ran), importing more of it changes
+    nothing; before, it would run ahead of MindSpeed's pre-patches."""
+    return JIT_MODULE in sys.modules or patch_manager() is not None
+
+
 def _reinstall() -> tuple[str, ...]:
+    if not megatron_loaded():
+        install_gating_guard()
+        return ()  # install() came first: the hooks go in once Megatron is loaded
+    check_import_order()
     check_routing_not_replaced()
     check_config_signatures()
+    mark_pass_throughs()
     before = set(rmc.installed_hooks())
     rmc.install(force=_STATE["force"])
     _hook_patch_manager()
@@ -76,11 +91,13 @@ def _reinstall() -> tuple[str, ...]:
 
 
 def install(*, force: bool = False) -> tuple[str, ...]:
-    """Install rr's Megatron hooks with MindSpeed awareness; returns the hooked names.
+    """Install rr's Megatron hooks with MindSpeed awareness; returns the names hooked (now,
+    or, where Megatron is not loaded yet, at the first MindSpeed apply or :func:`attach`).
 
-    Raises :class:`RoutingReplacedError` when a MindSpeed feature replaces routing and
-    :class:`ConfigSignatureError` when a config class hides its signature. Safe to call again
-    at any time; ``force`` is passed to ``rr_megatron_compat.install``.
+    Raises :class:`RoutingReplacedError` when the router reaches a MindSpeed replacement,
+    :class:`ConfigSignatureError` when a config class hides its signature and
+    :class:`MindSpeedOrderError` when Megatron was imported before MindSpeed's pre-patches.
+    Safe to call again at any time; ``force`` is passed to ``rr_megatron_compat.install``.
     """
     check_flag(force, "rr_npu.install(force=...)")
     with _LOCK:
@@ -91,8 +108,9 @@ def install(*, force: bool = False) -> tuple[str, ...]:
 
 
 def ensure_installed() -> tuple[str, ...]:
-    """Re-install whatever a MindSpeed (re)patch dropped; returns the hooks put back (empty when
-    everything was in place). Raises if :func:`install` was never called."""
+    """Re-check MindSpeed and re-install whatever a (re)patch dropped (or everything, where
+    :func:`install` came before Megatron was loaded); returns the hooks put back. Raises if
+    :func:`install` was never called."""
     with _LOCK:
         if not _STATE["installed"]:
             raise ReplayError(
@@ -156,9 +174,9 @@ def attach(
     check_controller(controller, "rr_npu.attach")
     check_model(model, "rr_npu.attach")
     rmc.check_replay_config(None, capacity=capacity)
+    configs = _configs(model)
+    check_routing_not_replaced(configs[0] if configs else None)  # the config names triggers
     ensure_installed()
-    for config in _configs(model):
-        check_routing_not_replaced(config)
     layers = rmc.attach(controller, model, capacity=capacity, **kwargs)
     watch(controller)
     return layers

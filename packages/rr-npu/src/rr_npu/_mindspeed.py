@@ -1,12 +1,11 @@
-"""What rr needs to know about a loaded MindSpeed: its patch manager, the features that replace
-Megatron's routing, and whether Megatron's config classes still show their real signatures.
+"""What rr reads of a loaded MindSpeed: its patch registry, and whether Megatron's config classes
+still show their real signatures. Nothing here imports mindspeed (``sys.modules`` only).
 
-MindSpeed features that replace routing bypass any hook on the originals: ``moe_tp_extend_ep``
-with the ``alltoall_seq`` dispatcher replaces ``TopKRouter.routing``; ``fix_router`` replaces
-``topk_softmax_with_capacity``. They are detected from the patch manager's registrations and
-from the flags MindSpeed merges into every config, and refused with
-:class:`RoutingReplacedError`. Nothing here imports mindspeed: it is looked up in
-``sys.modules`` only.
+MindSpeed's registry (``mindspeed/patch_utils.py``) is ``MindSpeedPatchesManager.patches_info``:
+one ``Patch`` per dotted target, kept for the life of the process. ``orig_func_name`` is the
+attribute's name (a string), ``patch_func`` the replacement (None when only wrappers are
+registered, and after removal), ``wrappers`` the decorators stacked over it, ``orig_func`` what
+was there at the first apply and ``final_patch_func`` what MindSpeed set.
 """
 
 from __future__ import annotations
@@ -18,17 +17,9 @@ from typing import Any
 from rr_core import RRError
 
 PATCH_UTILS = "mindspeed.patch_utils"
-#: (patched attribute suffix, MindSpeed feature, what it replaces)
-ROUTING_TARGETS: tuple[tuple[str, str], ...] = (
-    ("TopKRouter.routing", "moe_tp_extend_ep (with the alltoall_seq dispatcher)"),
-    ("topk_softmax_with_capacity", "fix_router"),
-)
+ARGS_UTILS = "mindspeed.args_utils"
 CONFIG_CLASSES = ("TransformerConfig", "MLATransformerConfig")
 TRANSFORMER_CONFIG_MODULE = "megatron.core.transformer.transformer_config"
-
-
-class RoutingReplacedError(RRError):
-    """A MindSpeed feature replaces Megatron's routing, so replay hooks would be bypassed."""
 
 
 class ConfigSignatureError(RRError):
@@ -41,52 +32,19 @@ def patch_manager() -> Any:
     return None if module is None else getattr(module, "MindSpeedPatchesManager", None)
 
 
-def _registrations(manager: Any) -> dict[str, Any]:
-    for name in ("patches", "patches_info"):
-        table = getattr(manager, name, None)
-        if isinstance(table, dict):
-            return table
-    return {}
+def registry() -> dict[str, Any]:
+    """MindSpeed's ``patches_info`` now (empty without MindSpeed)."""
+    table = getattr(patch_manager(), "patches_info", None)
+    return table if isinstance(table, dict) else {}
 
 
-def _replaces(patch: Any) -> bool:
-    """Does a registration replace its target (rather than stack a wrapper)?"""
-    if hasattr(patch, "replacement"):
-        return patch.replacement is not None
-    func = getattr(patch, "orig_func_name", None) or getattr(patch, "patch_func", None)
-    name = getattr(func, "__name__", "")
-    return not name.endswith(("wrapper", "decorator"))
-
-
-def routing_replacements(config: Any = None) -> list[str]:
-    """MindSpeed features active now that replace routing (patch registrations, and the flags
-    on ``config`` when given)."""
-    found: list[str] = []
-    manager = patch_manager()
-    if manager is not None:
-        for target, patch in _registrations(manager).items():
-            for suffix, feature in ROUTING_TARGETS:
-                if target.endswith(suffix) and _replaces(patch) and feature not in found:
-                    found.append(feature)
-    if config is not None:
-        extend_ep = bool(getattr(config, "moe_tp_extend_ep", False))
-        dispatcher = getattr(config, "moe_token_dispatcher_type", None)
-        if extend_ep and dispatcher == "alltoall_seq" and ROUTING_TARGETS[0][1] not in found:
-            found.append(ROUTING_TARGETS[0][1])
-        if getattr(config, "fix_router", False) and ROUTING_TARGETS[1][1] not in found:
-            found.append(ROUTING_TARGETS[1][1])
-    return found
-
-
-def check_routing_not_replaced(config: Any = None) -> None:
-    """Raise :class:`RoutingReplacedError` when a MindSpeed feature replaces routing."""
-    found = routing_replacements(config)
-    if found:
-        raise RoutingReplacedError(
-            f"MindSpeed features {found} replace Megatron's routing, so routing replay would "
-            "be silently bypassed; turn them off for RL training with replay (drop "
-            "--moe-tp-extend-ep or use the alltoall dispatcher; drop --fix-router)"
-        )
+def global_args() -> Any:
+    """MindSpeed's global arguments (``get_full_args()``), or None where they cannot be read."""
+    module = sys.modules.get(ARGS_UTILS)
+    try:
+        return None if module is None else module.get_full_args()
+    except Exception:
+        return None
 
 
 def check_config_signatures() -> None:
@@ -109,3 +67,21 @@ def check_config_signatures() -> None:
                 f"inspect.signature({name}) shows {list(params)} so MindSpeed's config rebuild "
                 "drops every field. Wrap with functools.wraps (or wrapt) to keep the signature"
             )
+
+
+def mark_pass_throughs() -> None:
+    """Give each wrapper-only MindSpeed patch a ``__wrapped__`` (its record's ``orig_func``)
+    where its wrapper left none, so rr sees its own hook under MindSpeed's pass-through (one
+    MindSpeed applied first over rr's proxy) instead of hooking the attribute twice."""
+    for patch in registry().values():
+        final = getattr(patch, "final_patch_func", None)
+        original = getattr(patch, "orig_func", None)
+        if getattr(patch, "patch_func", True) is not None or final is None or final is original:
+            continue  # a replacement, or nothing stacked over the original
+        if not getattr(patch, "wrappers", None) or original is None:
+            continue
+        if getattr(final, "__wrapped__", None) is None:
+            try:
+                final.__wrapped__ = original
+            except (AttributeError, TypeError):  # not a function object: leave it
+                continue

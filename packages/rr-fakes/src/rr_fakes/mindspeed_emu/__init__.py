@@ -1,7 +1,7 @@
-"""An emulated MindSpeed for CPU tests: the patch manager, the per-instance TransformerConfig
-rebuild and the routing-replacing features, installable into ``sys.modules`` for one test.
-
-Written from the behaviour documented in ``npu-facts.md``; no MindSpeed code is used.
+"""An emulated MindSpeed for CPU tests, built from MindSpeed's public source (its structures; no
+code copied): the patch registry of ``patch_utils.py``, the adaptor's pre-patches and patches,
+the config patches of ``arguments_basic.py`` and the MoE features of ``features_manager/moe``
+per MindSpeed line (0.12, 0.16, 0.17, 0.18), installable into ``sys.modules`` for one test.
 """
 
 import lazy_loader

@@ -5,19 +5,27 @@ module on first use (lazy_loader)."""
 from ._config import (
     MLATransformerConfig as MLATransformerConfig,
     TransformerConfig as TransformerConfig,
-    make_config_init_wrapper as make_config_init_wrapper,
+    make_config_patches as make_config_patches,
 )
 from ._features import (
-    native_dense_routing as native_dense_routing,
+    LINES as LINES,
+    Feature as Feature,
+    Targets as Targets,
+    dummy_compile as dummy_compile,
+    features_for as features_for,
 )
 from ._install import (
     EmulatedMindSpeed as EmulatedMindSpeed,
     dotted_name as dotted_name,
     emulated_mindspeed as emulated_mindspeed,
+    installed_line as installed_line,
 )
 from ._patches import (
     Patch as Patch,
     PatchManager as PatchManager,
     is_stacking as is_stacking,
-    resolve_owner as resolve_owner,
+    new_patch_manager as new_patch_manager,
+)
+from ._routing import (
+    native_dense_routing as native_dense_routing,
 )

@@ -1,68 +1,90 @@
-"""MindSpeed's per-instance TransformerConfig rebuild, and small stand-in config classes.
+"""MindSpeed's config patches (``mindspeed/core/megatron_basic/arguments_basic.py``, read on
+26.1.0_core_r0.12.1, core_r0.16.0, core_r0.17.0 and core_r0.18.0), and small stand-in classes.
 
-What it mirrors (``npu-facts.md``, "How MindSpeed rebuilds TransformerConfig"): a wrapper
-around ``TransformerConfig.__init__`` (and ``MLATransformerConfig.__init__``) that
-
-1. reads the accepted names from ``inspect.signature(self.__class__)``;
-2. passes keyword arguments (and global arguments) with known names to the wrapped ``__init__``;
-3. makes a new dataclass subclass *per instance* (``dataclasses.make_dataclass``, the original
-   class as base, unknown names as ``init=False`` fields), assigns it to ``self.__class__`` and
-   sets each unknown value only if ``not hasattr(self, name)``.
-
-The consequences follow without being coded: the instance's class lives in module ``types``
-(pickling fails), ``dataclasses.replace`` builds through the generated class and drops what was
-set after construction, a wrapper without ``functools.wraps`` hides the real signature (every
-field becomes unknown and the stand-in's ``__post_init__`` divides by zero attention heads), and
-a class-level default wins over the value passed in.
+- ``__init__`` wrapper: MindSpeed's global arguments updated with the keyword arguments are split
+  by ``inspect.signature(self.__class__)`` into known and unknown; the instance's class is
+  *always* replaced by ``dataclasses.make_dataclass(name, unknowns as init=False fields,
+  bases=(class,))`` (module ``types`` on Python 3.11), each unknown value is set on the instance
+  **before** the wrapped ``__init__`` runs, and only where ``not hasattr(self, name)``; then the
+  wrapped ``__init__`` gets the known values.
+- ``__post_init__`` wrapper: every feature's ``pre_validate_args`` / ``post_validate_args`` /
+  ``validate_args`` run on the config, as on the command-line arguments. So a config built
+  through the generated class (``dataclasses.replace``) lacks the unknown attributes and a
+  feature's validation raises AttributeError; ``fix_router`` with EP=1 raises AssertionError.
+- ``__init_subclass__`` (0.12 and 0.16 only): a subclass defined afterwards gets an annotation and
+  a class default for every unknown global argument.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from argparse import Namespace
+from collections.abc import Callable, Sequence
 from typing import Any
 
 InitFunc = Callable[..., None]
+ArgsFunc = Callable[[], Namespace]
 
 
-def make_config_init_wrapper(
-    global_args: Callable[[], Mapping[str, Any]],
-) -> Callable[[InitFunc], InitFunc]:
-    """The decorator MindSpeed registers on config ``__init__``; ``global_args`` returns
-    MindSpeed's global arguments at construction time (explicit keywords win over them)."""
+def make_config_patches(
+    get_full_args: ArgsFunc, features: Callable[[], Sequence[Any]]
+) -> tuple[Callable[[InitFunc], InitFunc], Callable[[InitFunc], InitFunc], Callable[..., None]]:
+    """The three functions MindSpeed registers on the config classes, over the emulation's
+    global arguments and feature list."""
 
     def transformer_config_init_wrapper(init: InitFunc) -> InitFunc:
         @functools.wraps(init)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
-            accepted = list(inspect.signature(self.__class__).parameters)
-            positional = set(accepted[: len(args)])
-            known: dict[str, Any] = {}
-            unknown: dict[str, Any] = {}
-            for name, value in {**global_args(), **kwargs}.items():
-                if name in accepted:
-                    if name not in positional or name in kwargs:
-                        known[name] = value
-                else:
-                    unknown[name] = value
-            init(self, *args, **known)
-            if not unknown:
-                return
-            rebuilt = dataclasses.make_dataclass(
-                type(self).__name__,
-                [(name, Any, dataclasses.field(init=False)) for name in unknown],
-                bases=(type(self),),
+            full_args = {**vars(get_full_args()), **kwargs}
+            accepted = inspect.signature(self.__class__).parameters
+            known = {k: v for k, v in full_args.items() if k in accepted}
+            unknown = {k: v for k, v in full_args.items() if k not in accepted}
+            fields = [
+                (k, type(v), dataclasses.field(init=False))
+                for k, v in unknown.items()
+                if not hasattr(self, k)
+            ]
+            self.__class__ = dataclasses.make_dataclass(
+                self.__class__.__name__, fields, bases=(self.__class__,)
             )
-            rebuilt.__module__ = "types"
-            self.__class__ = rebuilt
-            for name, value in unknown.items():
-                if not hasattr(self, name):
-                    setattr(self, name, value)
+            for key, value in unknown.items():
+                if not hasattr(self, key):
+                    setattr(self, key, value)
+            init(self, *args, **known)
 
         return wrapper
 
-    return transformer_config_init_wrapper
+    def transformer_config_post_init_wrapper(post_init: InitFunc) -> InitFunc:
+        @functools.wraps(post_init)
+        def wrapper(self: Any) -> None:
+            for feature in features():
+                feature.pre_validate_args(self)
+            post_init(self)
+            for feature in features():
+                feature.post_validate_args(self)
+            for feature in features():
+                feature.validate_args(self)
+
+        return wrapper
+
+    def transformer_config_init_subclass(cls: type, **kwargs: Any) -> None:
+        full_args = {**vars(get_full_args()), **kwargs}
+        accepted = inspect.signature(cls).parameters
+        for key, value in full_args.items():
+            if key not in accepted and not hasattr(cls, key):
+                cls.__annotations__[key] = type(value)
+                if isinstance(value, (list, dict, set, bytearray)):
+                    value = dataclasses.field(default_factory=functools.partial(copy.copy, value))
+                setattr(cls, key, value)
+
+    return (
+        transformer_config_init_wrapper,
+        transformer_config_post_init_wrapper,
+        transformer_config_init_subclass,
+    )
 
 
 @dataclasses.dataclass
@@ -80,6 +102,8 @@ class TransformerConfig:
     moe_layer_freq: int | list[int] = 1
     moe_router_score_function: str = "softmax"
     moe_token_dispatcher_type: str = "allgather"
+    moe_expert_capacity_factor: float | None = None
+    expert_model_parallel_size: int = 1
     mtp_num_layers: int | None = None
 
     def __post_init__(self) -> None:

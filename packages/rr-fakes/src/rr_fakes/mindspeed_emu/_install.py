@@ -1,38 +1,55 @@
 """The emulated ``mindspeed`` package in ``sys.modules`` for the span of a test.
 
-Mirrors how MindSpeed is used (``npu-facts.md``): importing ``mindspeed.megatron_adaptor``
-registers and applies every patch at once; ``mindspeed.patch_utils.MindSpeedPatchesManager``
-is the patch manager; ``repatch(overrides)`` removes all patches, re-registers them with updated
-arguments and applies them again (what an engine calling ``repatch`` at the end of its
-constructor does). The global arguments are merged into every config construction.
+Mirrors ``mindspeed/megatron_adaptor.py`` and ``features_manager/features_manager.py`` (every
+line): importing ``mindspeed.megatron_adaptor`` runs ``patch_features`` once: the features'
+pre-patches are registered and applied (**before Megatron is imported**: a module that bound
+``torch.compile`` earlier, such as ``megatron.core.jit.jit_fuser``, keeps the real one), then
+their patches are registered and applied; targets are dotted names, imported at apply time.
+``repatch(args)`` removes every patch, sets ``args`` on the global arguments, then registers
+and applies the pre-patches and the patches again: two ``apply_patches`` calls. The global
+arguments come from ``mindspeed.args_utils.get_full_args()``.
 
-Unlike MindSpeed, leaving the context restores every attribute ever patched (class attributes
-too) and removes the modules, so tests can run in any order in one process.
+Unlike MindSpeed, leaving the context restores every attribute ever patched and removes the
+modules, so tests can run in any order in one process.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
 import types
+from argparse import Namespace
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from rr_fakes.mindspeed_emu._config import (
-    MLATransformerConfig,
-    TransformerConfig,
-    make_config_init_wrapper,
-)
+from rr_fakes.mindspeed_emu._config import make_config_patches
 from rr_fakes.mindspeed_emu._features import (
-    make_fixed_topk_softmax_with_capacity,
-    make_tp_extend_ep_routing,
+    LINES,
+    Feature,
+    RequirementsFeature,
+    Targets,
+    default_args,
+    features_for,
 )
-from rr_fakes.mindspeed_emu._patches import Patch, PatchManager
+from rr_fakes.mindspeed_emu._patches import (
+    Patch,
+    PatchManager,
+    new_patch_manager,
+    restore_everything,
+)
 
 ADAPTOR = "mindspeed.megatron_adaptor"
-_MODULES = ("mindspeed", "mindspeed.patch_utils", ADAPTOR)
+MEGATRON = Targets()
+_MODULES = (
+    "mindspeed",
+    "mindspeed.patch_utils",
+    "mindspeed.args_utils",
+    "mindspeed.features_manager",
+    ADAPTOR,
+)
 
 
 def dotted_name(owner: type | types.ModuleType, attribute: str) -> str:
@@ -42,65 +59,66 @@ def dotted_name(owner: type | types.ModuleType, attribute: str) -> str:
     return f"{owner.__module__}.{owner.__qualname__}.{attribute}"
 
 
+def installed_line() -> str:
+    """The MindSpeed line matching the installed megatron-core (its major.minor)."""
+    from importlib.metadata import version
+
+    line = ".".join(version("megatron-core").split(".")[:2])
+    if line not in LINES:
+        raise ValueError(f"no MindSpeed line for megatron-core {line}; lines: {LINES}")
+    return line
+
+
 class EmulatedMindSpeed:
-    """Handle of an installed emulation: its patch manager, global arguments and the calls
-    that went through a routing-replacing feature (``bypass_calls``)."""
+    """Handle of an installed emulation: its line, patch manager, global arguments, features
+    and the calls that went through a routing replacement (``bypass_calls``)."""
 
     def __init__(
-        self,
-        *,
-        config_classes: Sequence[type],
-        router_class: type | None,
-        moe_utils: types.ModuleType | None,
-        args: Mapping[str, Any],
+        self, *, line: str, targets: Targets, args: Mapping[str, Any], pre_patches: bool
     ) -> None:
-        self.config_classes = tuple(config_classes)
-        self.router_class, self.moe_utils = router_class, moe_utils
-        self.args: dict[str, Any] = dict(args)
-        self.manager = PatchManager()
+        self.line, self.targets = line, targets
+        self.manager: type[PatchManager] = new_patch_manager()
         self.bypass_calls: list[str] = []
         self.adaptor_imported = False
-        self._registered = False
-        self._config_wrapper = make_config_init_wrapper(lambda: self.args)
-        self._routing = make_tp_extend_ep_routing(self.bypass_calls)
-        self._topk = make_fixed_topk_softmax_with_capacity(self.bypass_calls)
-
-    @property
-    def routing_replaced(self) -> bool:
-        """Is ``TopKRouter.routing`` replaced (``moe_tp_extend_ep`` with ``alltoall_seq``)?"""
-        return bool(self.args.get("moe_tp_extend_ep")) and (
-            self.args.get("moe_token_dispatcher_type") == "alltoall_seq"
+        self.config_patches = make_config_patches(self.get_full_args, lambda: self.features)
+        self.features: list[Feature] = features_for(
+            line, targets, self.get_full_args, self.config_patches, self.bypass_calls
         )
+        if not pre_patches:
+            self.features = [f for f in self.features if not isinstance(f, RequirementsFeature)]
+        self.args = Namespace(**{**default_args(self.features), **args})
 
-    def register(self) -> None:
-        """Register every patch the current arguments call for."""
-        for cls in self.config_classes:
-            self.manager.register_patch(dotted_name(cls, "__init__"), self._config_wrapper)
-        if self.routing_replaced:
-            if self.router_class is None:
-                raise ValueError("moe_tp_extend_ep needs router_class (Megatron's TopKRouter)")
-            self.manager.register_patch(dotted_name(self.router_class, "routing"), self._routing)
-        if self.args.get("fix_router"):
-            if self.moe_utils is None:
-                raise ValueError("fix_router needs moe_utils (the module with the top-k function)")
-            target = dotted_name(self.moe_utils, "topk_softmax_with_capacity")
-            self.manager.register_patch(target, self._topk)
-        self._registered = True
+    def get_full_args(self) -> Namespace:
+        return self.args
 
-    def apply(self) -> None:
-        """What importing ``mindspeed.megatron_adaptor`` does: register and apply all."""
-        if not self._registered:
-            self.register()
+    def apply_pre_patches(self, args: Namespace) -> None:
+        for feature in self.features:
+            if feature.is_need_apply(args):
+                feature.pre_register_patches(self.manager, args)
         self.manager.apply_patches()
 
-    def repatch(self, overrides: Mapping[str, Any] | None = None) -> None:
-        """Remove all patches, re-register with ``overrides`` merged into the arguments, apply
-        again: each target gets the wrapper around its *first* original, so a patch another
-        library installed in between is silently discarded."""
-        self.args.update(overrides or {})
+    def apply_patches(self, args: Namespace) -> None:
+        for feature in self.features:
+            if feature.is_need_apply(args):
+                feature.register_patches(self.manager, args)
+        self.manager.apply_patches()
+
+    def patch_features(self) -> None:
+        """What importing ``mindspeed.megatron_adaptor`` does."""
+        self.apply_pre_patches(self.args)
+        self.apply_patches(self.args)
+
+    def repatch(self, args: Mapping[str, Any] | None = None) -> None:
+        """MindSpeed's ``repatch``: remove all, set ``args``, pre-patch and patch again."""
         self.manager.remove_patches()
-        self.register()
-        self.manager.apply_patches()
+        for key, value in (args or {}).items():
+            setattr(self.args, key, value)
+        self.apply_pre_patches(self.args)
+        self.apply_patches(self.args)
+
+    def patch(self, target: str) -> Patch | None:
+        """The registry's record of ``target`` (kept after removal, as in MindSpeed)."""
+        return self.manager.patches_info.get(target)
 
     def import_adaptor(self) -> types.ModuleType:
         """``import mindspeed.megatron_adaptor`` (applies everything on first import)."""
@@ -108,7 +126,7 @@ class EmulatedMindSpeed:
 
 
 class _AdaptorLoader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Makes ``import mindspeed.megatron_adaptor`` apply the patches, as the real one does."""
+    """Makes ``import mindspeed.megatron_adaptor`` patch the features, as the real one does."""
 
     def __init__(self, handle: EmulatedMindSpeed) -> None:
         self.handle = handle
@@ -116,9 +134,7 @@ class _AdaptorLoader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != ADAPTOR:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self)
+        return importlib.machinery.ModuleSpec(fullname, self) if fullname == ADAPTOR else None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return None
@@ -126,42 +142,11 @@ class _AdaptorLoader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         module.repatch = self.handle.repatch  # type: ignore[attr-defined]
         module.__rr_fakes_emulation__ = True  # type: ignore[attr-defined]
-        self.handle.apply()
+        self.handle.patch_features()
         self.handle.adaptor_imported = True
 
 
-@contextmanager
-def emulated_mindspeed(
-    *,
-    config_classes: Sequence[type] = (TransformerConfig, MLATransformerConfig),
-    router_class: type | None = None,
-    moe_utils: types.ModuleType | None = None,
-    moe_tp_extend_ep: bool = False,
-    fix_router: bool = False,
-    args: Mapping[str, Any] | None = None,
-    import_adaptor: bool = False,
-) -> Iterator[EmulatedMindSpeed]:
-    """Install an emulated ``mindspeed`` into ``sys.modules``; remove it fully on exit.
-
-    ``config_classes`` get the rebuild wrapper on ``__init__`` (real megatron classes or the
-    stand-ins); ``moe_tp_extend_ep`` (which implies the ``alltoall_seq`` dispatcher unless
-    ``args`` names another) replaces ``router_class.routing``; ``fix_router`` replaces
-    ``moe_utils.topk_softmax_with_capacity``. ``args`` are further global arguments. With
-    ``import_adaptor`` the adaptor is imported (patches applied) before the body runs.
-    """
-    present = [name for name in _MODULES if name in sys.modules]
-    if present:
-        raise RuntimeError(
-            f"{present} already in sys.modules (a real MindSpeed or another emulation); "
-            "the emulation needs a process without it"
-        )
-    merged: dict[str, Any] = {"moe_tp_extend_ep": moe_tp_extend_ep, "fix_router": fix_router}
-    if moe_tp_extend_ep:
-        merged["moe_token_dispatcher_type"] = "alltoall_seq"
-    merged.update(args or {})
-    handle = EmulatedMindSpeed(
-        config_classes=config_classes, router_class=router_class, moe_utils=moe_utils, args=merged
-    )
+def _modules(handle: EmulatedMindSpeed) -> dict[str, types.ModuleType]:
     package = types.ModuleType("mindspeed", "Emulated MindSpeed (rr_fakes).")
     package.__path__ = []
     package.__version__ = "0.0.0+rr-fakes"  # type: ignore[attr-defined]
@@ -169,9 +154,54 @@ def emulated_mindspeed(
     patch_utils = types.ModuleType("mindspeed.patch_utils")
     patch_utils.MindSpeedPatchesManager = handle.manager  # type: ignore[attr-defined]
     patch_utils.Patch = Patch  # type: ignore[attr-defined]
-    package.patch_utils = patch_utils  # type: ignore[attr-defined]
+    args_utils = types.ModuleType("mindspeed.args_utils")
+    args_utils.get_full_args = handle.get_full_args  # type: ignore[attr-defined]
+    features = types.ModuleType("mindspeed.features_manager")
+    features.FEATURES_LIST = handle.features  # type: ignore[attr-defined]
+    return {
+        "mindspeed": package,
+        "mindspeed.patch_utils": patch_utils,
+        "mindspeed.args_utils": args_utils,
+        "mindspeed.features_manager": features,
+    }
+
+
+@contextmanager
+def emulated_mindspeed(
+    *,
+    line: str | None = None,
+    targets: Targets = MEGATRON,
+    moe_tp_extend_ep: bool = False,
+    fix_router: bool = False,
+    args: Mapping[str, Any] | None = None,
+    import_adaptor: bool = False,
+    pre_patches: bool = True,
+) -> Iterator[EmulatedMindSpeed]:
+    """Install an emulated ``mindspeed`` (MindSpeed ``line``, by default the one matching the
+    installed megatron-core) into ``sys.modules``; remove it fully on exit.
+
+    ``args`` are global arguments (MindSpeed merges them into every config); ``moe_tp_extend_ep``
+    also sets the ``alltoall_seq`` dispatcher unless ``args`` names another. ``pre_patches=False``
+    leaves out the pre-patches (for a process that imported Megatron already, where MindSpeed's
+    would come too late). With ``import_adaptor`` the adaptor is imported before the body runs.
+    """
+    present = [name for name in _MODULES if name in sys.modules]
+    if present:
+        raise RuntimeError(
+            f"{present} already in sys.modules (a real MindSpeed or another emulation); "
+            "the emulation needs a process without it"
+        )
+    merged: dict[str, Any] = {}
+    if moe_tp_extend_ep:
+        merged.update(moe_tp_extend_ep=True, moe_token_dispatcher_type="alltoall_seq")
+    if fix_router:
+        merged["fix_router"] = True  # on 0.16 an attribute no feature reads
+    merged.update(args or {})
+    handle = EmulatedMindSpeed(
+        line=line or installed_line(), targets=targets, args=merged, pre_patches=pre_patches
+    )
     loader = _AdaptorLoader(handle)
-    sys.modules["mindspeed"], sys.modules["mindspeed.patch_utils"] = package, patch_utils
+    sys.modules.update(_modules(handle))
     sys.meta_path.insert(0, loader)
     try:
         if import_adaptor:
@@ -179,6 +209,6 @@ def emulated_mindspeed(
         yield handle
     finally:
         sys.meta_path.remove(loader)
-        handle.manager.restore_everything()
+        restore_everything(handle.manager)
         for name in _MODULES:
             sys.modules.pop(name, None)

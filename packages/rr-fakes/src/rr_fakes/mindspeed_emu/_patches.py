@@ -1,190 +1,253 @@
-"""An emulation of MindSpeed's patch manager, written from its documented behaviour.
+"""MindSpeed's patch registry, with the record shape and semantics of ``mindspeed/patch_utils.py``
+(read on branches 26.1.0_core_r0.12.1, core_r0.16.0, core_r0.17.0, core_r0.18.0: identical but
+for blank lines).
 
-What it mirrors (see ``npu-facts.md``, "How MindSpeed patches Megatron"):
+- One :class:`Patch` per dotted target, kept in ``patches_info`` for the life of the process.
+  ``orig_module_name`` / ``orig_func_name`` are the target split at its last dot (both strings);
+  ``patch_func`` is the replacement (None when only wrappers are registered); ``wrappers`` lists
+  the functions whose ``__name__`` ends in ``wrapper`` / ``decorator``, applied in order over
+  ``patch_func or orig_func``; ``final_patch_func`` is what was set.
+- ``register_patch(name)`` without a function registers a dummy replacement that raises.
+- ``apply_patch`` does nothing when ``is_applied``; the first apply remembers ``orig_module`` /
+  ``orig_func`` for good. It sets the result on the owner and on every module in
+  ``sys.modules`` whose attribute of that name *is* the current object.
+- ``remove_patch`` puts ``orig_func`` back on every module, and on the class of that name that
+  a module holds, where the attribute *is* ``final_patch_func``, skipping modules whose name
+  contains ``mindspeed``; then ``patch_func`` and ``final_patch_func`` become None. The entry
+  stays in ``patches_info``; ``remove_patches`` also clears its wrappers.
 
-- patches are registered by dotted name (``package.module.Class.attribute``);
-- a function whose ``__name__`` ends in ``wrapper`` or ``decorator`` is stacked as a decorator
-  around the original, any other function replaces it, and replacing twice without ``force``
-  raises;
-- applying ``setattr``s the result on the owner **and on every module in ``sys.modules`` whose
-  attribute of that name is the current object**, so ``from x import f`` copies follow;
-- the original is remembered **only the first time** a target is applied; later applies (after a
-  remove, or in a ``repatch``) wrap that first original again, which silently discards anything
-  another library installed on the attribute in between;
-- removing restores module attributes but not class attributes;
-- ``is_applied`` is a plain bool attribute.
-
-:meth:`PatchManager.restore_everything` goes beyond MindSpeed (which never restores class
-attributes): the emulation's context manager calls it on exit so no test leaks a patch.
+The manager is a class whose methods are called on the class, over a class-level dict, as in
+MindSpeed; :func:`new_patch_manager` makes a fresh one per emulation.
+:func:`restore_everything` is the emulation's own cleanup (MindSpeed has none).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from importlib.machinery import ModuleSpec
+from typing import Any, ClassVar
 
 _STACKING_SUFFIXES = ("wrapper", "decorator")
+_ABSENT = object()
+_DUMMY_FILE = "mindspeed.dummy_module.py"
 
 
-def resolve_owner(dotted: str) -> tuple[Any, str]:
-    """``(owner, attribute)`` for ``package.module[.Class].attribute``: the longest importable
-    module prefix, then attribute lookups for the rest."""
-    parts = dotted.split(".")
-    if len(parts) < 2:
-        raise ValueError(f"patch target {dotted!r} needs at least 'module.attribute'")
-    for cut in range(len(parts) - 1, 0, -1):
+def _own(module: Any, name: str) -> Any:
+    """A module's own attribute (its ``__dict__``: where ``from x import f`` copies live),
+    without running a module-level ``__getattr__``."""
+    try:
+        return vars(module).get(name, _ABSENT)
+    except TypeError:
+        return _ABSENT
+
+
+def is_stacking(func: Any) -> bool:
+    """Does MindSpeed stack ``func`` as a decorator (its ``__name__`` ends in wrapper /
+    decorator)?"""
+    return str(getattr(func, "__name__", "")).endswith(_STACKING_SUFFIXES)
+
+
+def dummy_function(name: str) -> Callable[..., Any]:
+    def dummy_function(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"function {name} no exist")
+
+    return dummy_function
+
+
+def _dummy_module(path: str) -> types.ModuleType:
+    module = types.ModuleType(path)
+    module.__file__ = _DUMMY_FILE
+    module.__spec__ = ModuleSpec(path, None)
+    sys.modules[path] = module
+    return module
+
+
+def parse_path(module_path: str, attribute: str | None, create_dummy: bool) -> tuple[Any, Any]:
+    """``(owner, current value)``: import each prefix of ``module_path``; the first part that is
+    not a module is looked up as an attribute (a class). A missing module attribute is set to
+    None (MindSpeed's behaviour, so a patch on a name Megatron removed lands on nothing)."""
+    parts = module_path.split(".")
+    for i in range(1, len(parts) + 1):
+        parent, path = ".".join(parts[: i - 1]), ".".join(parts[:i])
         try:
-            owner: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for name in parts[cut:-1]:
-            owner = getattr(owner, name)
-        return owner, parts[-1]
-    raise ImportError(f"no importable module prefix in patch target {dotted!r}")
+            importlib.import_module(path)
+        except ModuleNotFoundError:
+            holder = importlib.import_module(parent) if parent else None
+            if holder is None or not hasattr(holder, parts[i - 1]):
+                if not create_dummy:
+                    raise
+                setattr(holder, parts[i - 1], _dummy_module(path)) if holder else _dummy_module(
+                    path
+                )
+                continue
+            owner = getattr(holder, parts[i - 1])
+            if attribute is not None and hasattr(owner, attribute):
+                return owner, getattr(owner, attribute)
+            if create_dummy:
+                return owner, dummy_function(str(attribute))
+            raise RuntimeError(f"no exist {attribute} of {owner}") from None
+    module = sys.modules[module_path]
+    if attribute is not None and not hasattr(module, attribute):
+        _ORIGINALS.setdefault((id(module), attribute), (module, attribute, _ABSENT))
+        setattr(module, attribute, None)
+    return module, None if attribute is None else getattr(module, attribute)
 
 
-def is_stacking(func: Callable[..., Any]) -> bool:
-    """Does MindSpeed stack ``func`` as a decorator (name ends in wrapper / decorator)?"""
-    return getattr(func, "__name__", "").endswith(_STACKING_SUFFIXES)
-
-
-@dataclass
 class Patch:
-    """What is registered on one dotted target: at most one replacement, any number of
-    stacked wrappers (applied in registration order, the last one outermost)."""
+    """One registered target (see the module doc for each field)."""
 
-    target: str
-    replacement: Callable[..., Any] | None = None
-    wrappers: list[Callable[..., Any]] = field(default_factory=list)
-    is_applied: bool = False
+    def __init__(self, orig_func_name: str, new_func: Any, create_dummy: bool) -> None:
+        module_name, dot, attribute = orig_func_name.rpartition(".")
+        self.orig_module_name = module_name if dot else orig_func_name
+        self.orig_func_name: str | None = attribute if dot else None
+        self.orig_module: Any = None
+        self.orig_func: Any = None
+        self.patch_func: Any = None
+        self.final_patch_func: Any = None
+        self.wrappers: list[Any] = []
+        self.set_patch_func(dummy_function(orig_func_name) if new_func is None else new_func)
+        self.is_applied = False
+        self.create_dummy = create_dummy
 
-    def add(self, func: Callable[..., Any], *, force: bool) -> None:
-        if is_stacking(func):
-            self.wrappers.append(func)
-        elif self.replacement is not None and not force:
-            raise RuntimeError(
-                f"the patch of {self.target} exists already ({self.replacement!r}); "
-                "pass force_patch=True to replace it"
-            )
+    def set_patch_func(self, new_func: Any, force_patch: bool = False) -> None:
+        if is_stacking(new_func):
+            if new_func not in self.wrappers:
+                self.wrappers.append(new_func)
         else:
-            self.replacement = func
+            if self.patch_func is not None and not force_patch:
+                raise RuntimeError(f"the patch of {self.orig_func_name} exist !")
+            self.patch_func = new_func
         self.is_applied = False
 
-    def build(self, original: Any) -> Any:
-        result = original if self.replacement is None else self.replacement
+    def remove_wrappers(self, names: str | list[str] | None = None) -> None:
+        if names is None:
+            self.wrappers.clear()
+            return
+        wanted = {names} if isinstance(names, str) else set(names)
+        self.wrappers[:] = [w for w in self.wrappers if w.__name__ not in wanted]
+
+    def apply_patch(self) -> None:
+        if self.is_applied:
+            return
+        module, current = parse_path(self.orig_module_name, self.orig_func_name, self.create_dummy)
+        if self.orig_module is None:
+            self.orig_module, self.orig_func = module, current
+            _remember(module, self.orig_func_name)
+        final = self.orig_func if self.patch_func is None else self.patch_func
         for wrapper in self.wrappers:
-            result = wrapper(result)
-        return result
+            final = wrapper(final)
+        if self.orig_func_name is not None:
+            setattr(self.orig_module, self.orig_func_name, final)
+            for holder in list(sys.modules.values()):
+                if id(_own(holder, self.orig_func_name)) == id(current):
+                    setattr(holder, self.orig_func_name, final)
+        self.is_applied = True
+        self.final_patch_func = final
 
-
-@dataclass
-class _Original:
-    owner: Any
-    name: str
-    value: Any
-    own: bool  # the name was in the owner's own __dict__ (not inherited, not absent)
+    def remove_patch(self) -> None:
+        class_name = self.orig_module_name.split(".")[-1]
+        name = self.orig_func_name
+        for key, holder in list(sys.modules.items()):
+            if "mindspeed" in key or key == "torch.classes" or holder is None or name is None:
+                continue
+            if inspect.isclass(self.orig_module) and _own(holder, class_name) is not _ABSENT:
+                held = getattr(_own(holder, class_name), name, _ABSENT)  # the class of that name
+                holder = _own(holder, class_name)
+            else:
+                held = _own(holder, name)
+            if held is not _ABSENT and id(held) == id(self.final_patch_func):
+                setattr(holder, name, self.orig_func)
+        self.patch_func = None
+        self.final_patch_func = None
+        self.is_applied = False
 
 
 class PatchManager:
-    """MindSpeed's patch manager, as an instance (MindSpeed keeps the same state on a class).
+    """``MindSpeedPatchesManager``: class-level ``patches_info`` and methods called on the class
+    (MindSpeed's are static methods over its one class; here each emulation gets a subclass
+    with its own dict, see :func:`new_patch_manager`)."""
 
-    ``register_patch`` / ``apply_patches`` / ``remove_patches`` mirror MindSpeed;
-    ``originals`` is the first-original memory, kept across removes.
-    """
+    patches_info: ClassVar[dict[str, Patch]] = {}
 
-    def __init__(self) -> None:
-        self.patches: dict[str, Patch] = {}
-        self.is_applied: bool = False
-        self.originals: dict[str, _Original] = {}
-        self._installed: dict[str, Any] = {}  # target -> object this manager last set
-
+    @classmethod
     def register_patch(
-        self,
-        target: str,
-        new_func: Callable[..., Any] | None = None,
+        cls,
+        orig_func_name: str,
+        new_func: Any = None,
         force_patch: bool = False,
         create_dummy: bool = False,
     ) -> None:
-        """Register ``new_func`` on ``target``; a missing ``new_func`` with ``create_dummy``
-        registers a function that raises when called (MindSpeed's dummy for absent names)."""
-        if new_func is None:
-            if not create_dummy:
-                raise ValueError(f"register_patch({target!r}) needs new_func or create_dummy")
-            new_func = _dummy(target)
-        self.patches.setdefault(target, Patch(target)).add(new_func, force=force_patch)
+        if orig_func_name not in cls.patches_info:
+            cls.patches_info[orig_func_name] = Patch(orig_func_name, new_func, create_dummy)
+        else:
+            cls.patches_info[orig_func_name].set_patch_func(new_func, force_patch)
 
-    def apply_patches(self) -> None:
-        for patch in self.patches.values():
-            self._apply(patch)
-        self.is_applied = True
+    @classmethod
+    def remove_wrappers(
+        cls, orig_func_name: str, wrappers_name: Any, remove_check: bool = True
+    ) -> None:
+        patch = cls.patches_info.get(orig_func_name)
+        if patch is None:
+            raise ValueError(f"The function <{orig_func_name}> not exist.")
+        before = len(patch.wrappers)
+        patch.remove_wrappers(wrappers_name)
+        if remove_check and before == len(patch.wrappers):
+            raise RuntimeError("Remove wrappers has not remove anything.")
 
-    def _apply(self, patch: Patch) -> None:
-        if patch.is_applied:
-            return
-        owner, name = resolve_owner(patch.target)
-        current = getattr(owner, name, None)
-        remembered = self.originals.get(patch.target)
-        if remembered is None:
-            own = name in getattr(owner, "__dict__", {})
-            remembered = _Original(owner, name, current, own)
-            self.originals[patch.target] = remembered
-        new = patch.build(remembered.value)
-        setattr(owner, name, new)
-        if current is not None:
-            _propagate(name, current, new)
-        self._installed[patch.target] = new
-        patch.is_applied = True
+    @classmethod
+    def remove_patches(cls) -> None:
+        for patch in cls.patches_info.values():
+            patch.remove_patch()
+            patch.remove_wrappers()
 
-    def remove_patches(self) -> None:
-        """Undo every patch on module owners (class owners keep the patched attribute, as in
-        MindSpeed) and forget the registrations; the first-original memory stays."""
-        for target, patch in self.patches.items():
-            if not patch.is_applied:
-                continue
-            original = self.originals[target]
-            installed = self._installed.pop(target, None)
-            if isinstance(original.owner, types.ModuleType):
-                setattr(original.owner, original.name, original.value)
-                if installed is not None:
-                    _propagate(original.name, installed, original.value)
-        self.patches.clear()
-        self.is_applied = False
-
-    def restore_everything(self) -> None:
-        """Put back every attribute this manager ever changed, class attributes too (used by
-        the emulation on exit; MindSpeed itself has no such step)."""
-        for target, original in self.originals.items():
-            installed = self._installed.pop(target, getattr(original.owner, original.name, None))
-            if original.own:
-                setattr(original.owner, original.name, original.value)
-            elif original.name in getattr(original.owner, "__dict__", {}):
-                delattr(original.owner, original.name)
-            if installed is not None and original.value is not None:
-                _propagate(original.name, installed, original.value)
-        self.originals.clear()
-        self.patches.clear()
-        self.is_applied = False
+    @classmethod
+    def apply_patches(cls) -> None:
+        for patch in cls.patches_info.values():
+            patch.apply_patch()
 
 
-def _propagate(name: str, current: Any, new: Any) -> None:
-    """Replace ``current`` by ``new`` on every loaded module that holds it under ``name``."""
-    for module in list(sys.modules.values()):
-        if module is None:
+def new_patch_manager() -> type[PatchManager]:
+    """A fresh ``MindSpeedPatchesManager`` with its own empty ``patches_info``."""
+    return type("MindSpeedPatchesManager", (PatchManager,), {"patches_info": {}})
+
+
+# -- the emulation's own cleanup -----------------------------------------------------------------
+_ORIGINALS: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+
+
+def _remember(owner: Any, name: str | None) -> None:
+    """Record ``owner``'s own value of ``name`` before the first patch (for the cleanup)."""
+    if name is not None and (id(owner), name) not in _ORIGINALS:
+        own = vars(owner).get(name, _ABSENT) if hasattr(owner, "__dict__") else _ABSENT
+        _ORIGINALS[(id(owner), name)] = (owner, name, own)
+
+
+def restore_everything(manager: type[PatchManager]) -> None:
+    """Put back every attribute the emulation's patches ever changed (class attributes and
+    ``from x import`` copies too), drop its dummy modules and forget every record."""
+    for patch in manager.patches_info.values():
+        if patch.orig_func_name is None or patch.orig_module is None:
             continue
-        try:
-            held = module.__dict__.get(name, None)
-        except AttributeError:
-            continue
-        if held is current and held is not new:
-            setattr(module, name, new)
-
-
-def _dummy(target: str) -> Callable[..., Any]:
-    def dummy(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{target} is a dummy created by the patch manager")
-
-    return dummy
+        for holder in list(sys.modules.values()):
+            held = _own(holder, patch.orig_func_name)
+            if (
+                held is patch.final_patch_func
+                and held is not None
+                and holder is not patch.orig_module
+            ):
+                setattr(holder, patch.orig_func_name, patch.orig_func)
+    for owner, name, own in _ORIGINALS.values():
+        if own is _ABSENT:
+            if name in getattr(owner, "__dict__", {}):
+                delattr(owner, name)
+        else:
+            setattr(owner, name, own)
+    _ORIGINALS.clear()
+    dummies = [k for k, m in sys.modules.items() if _own(m, "__file__") == _DUMMY_FILE]
+    for key in dummies:
+        del sys.modules[key]
+    manager.patches_info.clear()
