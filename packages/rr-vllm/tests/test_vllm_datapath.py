@@ -99,7 +99,9 @@ def test_validate_false_still_checks_structure() -> None:
         decode_vllm_batch(physical, meta, validate=False, logical_experts=8)
 
 
-def test_row_count_check_refuses_what_align_routes_refuses() -> None:
+def test_row_count_check_refuses_what_align_routes_refuses_and_a_g4_shift() -> None:
+    """align_routes' counts, but for T - prompt_start rows from prompt_start > 0: that is a
+    request sent with P - 1 (G4) decoded with P, which would shift every row by one."""
     for num_tokens in range(5):
         for prompt_start in range(-1, 7):
             for num_rows in range(7):
@@ -112,8 +114,9 @@ def test_row_count_check_refuses_what_align_routes_refuses() -> None:
                     accepted = True
                 except AlignmentError:
                     accepted = False
-                if accepted:
+                shifted = 0 < prompt_start < num_tokens and num_rows == num_tokens - prompt_start
+                if accepted and not shifted:
                     check_row_count(num_rows, num_tokens, prompt_start)
                 else:
-                    with pytest.raises(AlignmentError):
+                    with pytest.raises(AlignmentError, match="G4" if shifted else ""):
                         check_row_count(num_rows, num_tokens, prompt_start)

@@ -11,9 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rr_core import AlignmentError
 from rr_fakes.engines import EngineDeadError, vllm_request_output
 from rr_vllm import (
     CaptureError,
+    decode_vllm_batch,
     decode_vllm_output,
     drop_rows_before,
     prompt_start_to_send,
@@ -150,3 +152,26 @@ def test_drop_rows_before_copies_only_when_rows_change() -> None:
     assert drop_rows_before(sample, 2) is sample
     with pytest.raises(CaptureError, match="past the prompt"):
         drop_rows_before(sample, 6)
+
+
+@pytest.mark.parametrize("version", CRASHING)
+def test_decoding_the_sent_p_minus_1_answer_with_p_is_refused_not_shifted(version: str) -> None:
+    """The rows of a request sent with P - 1, decoded with the P the caller asked for, are one
+    row per token from P in count but start at P - 1: every row would land one token late."""
+    p, g = 6, 3
+    routes = distinct_routes(META, p + g - 1, seed=5)
+    sent = _fields(p, p, version)["routed_experts_prompt_start"]
+    assert sent == p - 1
+    out = vllm_request_output(
+        "0.22-0.31",
+        prompt_ids=range(p),
+        generated_ids=range(100, 100 + g),
+        routes_TLK=routes,
+        num_experts=8,
+        prompt_start=sent,
+        engine_version=version,
+    )
+    with pytest.raises(AlignmentError, match=r"sent with prompt_start=5.*G4"):
+        decode_vllm_output(out, META, prompt_start=p)
+    with pytest.raises(AlignmentError, match="G4"):
+        decode_vllm_batch([out], META, prompt_start=p)

@@ -7,7 +7,8 @@ instead: the engine then returns one more row, the route of the last prompt toke
 always recomputes (a prefix-cache hit never covers the last prompt token), so the row is a real
 route of this request and the caller's rows from ``P`` on are exactly the ones it asked for.
 Decode with the start that was sent (``fields["routed_experts_prompt_start"]``); a decode with
-``P`` would read the ``G`` rows as ``T - P`` rows, the "one row per token" form, shifted by one.
+``P`` sees ``T - P`` rows, one more than the contract's ``T - P - 1``, and raises rather than
+read them one token late.
 """
 
 from __future__ import annotations

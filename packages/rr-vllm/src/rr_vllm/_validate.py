@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from rr_core import RouteBatch, RouteMeta, RouteValidationError, align_routes
+from rr_core import AlignmentError, RouteBatch, RouteMeta, RouteValidationError, align_routes
 from rr_vllm._errors import EngineOutputError
 
 if TYPE_CHECKING:
@@ -29,15 +29,28 @@ def is_aborted(finish_reason: str | None) -> bool:
 
 
 def check_row_count(num_rows: int, num_tokens: int, prompt_start: int) -> None:
-    """The engine returned ``T - prompt_start - 1`` or ``T - prompt_start`` rows, else raise
-    :class:`~rr_core.AlignmentError` (rr_core's :func:`~rr_core.align_routes`, on an empty
-    payload so that nothing is copied; only when the count is off, since building its tensors
-    costs more than the check on a batch of many samples)."""
-    if 0 <= prompt_start <= num_tokens and num_rows in (
-        num_tokens - prompt_start - 1,
-        num_tokens - prompt_start,
-    ):
+    """The engine returned ``T - prompt_start - 1`` rows (every engine's contract: the last
+    sampled token has no row), or ``T`` rows (a route for every token) from ``prompt_start=0``;
+    else raise :class:`~rr_core.AlignmentError`.
+
+    With ``prompt_start > 0`` one row more is refused: it is what a decode with
+    ``prompt_start=P`` of a request sent with ``P - 1`` (G4) sees, and reading it as one row per
+    token would shift every row by one. Other counts raise :func:`~rr_core.align_routes`' error
+    (built only then: its tensors cost more than the check on a batch of many samples)."""
+    expected = num_tokens - prompt_start - 1
+    if 0 <= prompt_start <= num_tokens and num_rows == max(expected, 0):
         return
+    if prompt_start == 0 and num_rows == num_tokens:
+        return
+    if 0 < prompt_start <= num_tokens and num_rows == expected + 1:
+        raise AlignmentError(
+            f"engine returned N={num_rows} route rows for T={num_tokens} tokens with "
+            f"prompt_start={prompt_start}; expected {expected} (T - prompt_start - 1). One row "
+            f"more is the answer of a request sent with prompt_start={prompt_start - 1}, as "
+            "vllm_sampling_fields sends P - 1 for P on vLLM 0.22-0.29 (G4): decode with the "
+            "start that was sent (fields['routed_experts_prompt_start']), then drop the extra "
+            "row with drop_rows_before; see `rr explain G4`"
+        )
     align_routes(
         torch.empty((num_rows, 0, 0), dtype=torch.int8), num_tokens, prompt_start=prompt_start
     )
