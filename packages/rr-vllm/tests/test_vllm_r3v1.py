@@ -278,3 +278,28 @@ def test_the_install_hint_names_a_real_extra() -> None:
     pyproject = Path(__file__).parents[1] / "pyproject.toml"
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
     assert any(d.startswith("zstandard") for d in extras[R3V1_EXTRA])
+
+
+@pytest.mark.parametrize("declares_size", [True, False])
+@pytest.mark.parametrize("second_frame", [False, True])
+def test_a_payload_that_decompresses_past_what_the_sample_can_hold_is_refused_early(
+    declares_size: bool, second_frame: bool
+) -> None:
+    """A few KB of zstd that inflate to 256 MB (a bomb, or another sample's envelope) are
+    refused after reading at most the bound (header + bitmap + uint16 ids of T tokens)."""
+    import tracemalloc
+
+    import zstandard
+
+    good = base64.b64decode(fault())
+    bomb = zstandard.ZstdCompressor(write_content_size=declares_size).compress(b"\0" * (256 << 20))
+    blob = good + bomb if second_frame else bomb
+    assert len(blob) < 64 << 10
+    tracemalloc.start()
+    try:
+        with pytest.raises(EngineOutputError, match=r"decompresses to more than \d+ bytes"):
+            decode(base64.b64encode(blob).decode())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # never the 256 MB

@@ -25,7 +25,8 @@ Stricter than that description, because a route must be exact or refused: the bo
 exactly header + selector + matrix (a truncated matrix is an error, never a partial result,
 G10); a BITMAP is exactly ``ceil(T / 8)`` bytes with ``R`` bits set and no bit past ``T``; ALL
 and SUFFIX carry no selector bytes, ALL starts at 0, a SUFFIX ends at the last token
-(*assumed*); unknown flag bits and a uint16
+(*assumed*); a payload that decompresses past what the sample's envelope can hold (header,
+bitmap, uint16 ids of every token) is refused before more is read; unknown flag bits and a uint16
 matrix without the little-endian bit are refused; no replayed token on a finished request is
 missing routes (D3). Token ``i``'s matrix is its route as the input token, as in every engine
 (*assumed*: the description does not say).
@@ -98,12 +99,24 @@ def _unbase64(data: str | bytes) -> bytes:
         ) from e
 
 
-def _unzstd(compressed: bytes) -> bytes:
+def _unzstd(compressed: bytes, limit: int) -> bytes:
+    """The frames of ``compressed``, one after another, refused once they would hold more than
+    ``limit`` bytes (the most a sample's envelope can hold). Each frame is first read to at most
+    that bound, whatever size its header declares, so a bomb never allocates more; then
+    decompressed whole, which finds the frame's end (and a frame cut short)."""
     zstd = _zstd()
     out: list[bytes] = []
-    rest = compressed
+    rest, left = compressed, limit
     try:
         while rest:
+            with zstd.ZstdDecompressor().stream_reader(rest) as reader:
+                size = len(reader.read(left + 1))
+            if size > left:
+                raise EngineOutputError(
+                    f"R3/v1 payload decompresses to more than {limit} bytes, the most an "
+                    "envelope of this sample can hold (header, bitmap and uint16 ids of every "
+                    "token): not this sample's envelope, or a decompression bomb"
+                )
             d = zstd.ZstdDecompressor().decompressobj()
             out.append(d.decompress(rest))
             if not d.eof:
@@ -111,6 +124,7 @@ def _unzstd(compressed: bytes) -> bytes:
                     f"R3/v1 payload: the zstd frame ends early ({len(compressed)} compressed "
                     "bytes): the payload was cut in transfer"
                 )
+            left -= len(out[-1])
             rest = d.unused_data
     except zstd.ZstdError as e:
         raise EngineOutputError(f"R3/v1 payload: zstd frame is corrupt ({e})") from e
@@ -261,7 +275,8 @@ def decode_r3v1(
     p = count(num_prompt_tokens, "R3/v1: num_prompt_tokens")
     t = p + count(num_generated_tokens, "R3/v1: num_generated_tokens")
     finish_reason = reason(finish_reason, "R3/v1: finish_reason")
-    raw = _unzstd(_unbase64(_data(payload)))
+    most = HEADER.size + -(-t // 8) + t * len(meta.moe_slots) * meta.top_k * max(WIDTHS)
+    raw = _unzstd(_unbase64(_data(payload)), most)
     h = read_r3v1_header(raw)
     if t != h.total_tokens:
         raise EngineOutputError(
