@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,10 @@ def test_readme_states_the_version_data() -> None:
 
     text = " ".join(README.read_text().split())
     assert f"`torch-npu{SUPPORTED['torch-npu']}`" in text
-    assert f"test ({' and '.join(NPU_LINES)})" in text
-    releases = " and ".join(MEGATRON_LINES[line][0] for line in NPU_LINES)
+    assert f"test ({_listed(NPU_LINES)})" in text
+    releases = _listed([MEGATRON_LINES[line][0] for line in NPU_LINES])
     assert f"real megatron-core {releases}, the releases rr-megatron-compat pins" in text
+
+
+def _listed(items: Sequence[str]) -> str:
+    return ", ".join(items[:-1]) + f" and {items[-1]}" if len(items) > 1 else items[0]

@@ -22,7 +22,7 @@ import sys
 import types
 from argparse import Namespace
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from rr_fakes.mindspeed_emu._config import make_config_patches
@@ -98,10 +98,20 @@ class EmulatedMindSpeed:
         self.manager.apply_patches()
 
     def apply_patches(self, args: Namespace) -> None:
-        for feature in self.features:
-            if feature.is_need_apply(args):
-                feature.register_patches(self.manager, args)
-        self.manager.apply_patches()
+        with self._megatron_imports():
+            for feature in self.features:
+                if feature.is_need_apply(args):
+                    feature.register_patches(self.manager, args)
+            self.manager.apply_patches()
+
+    def _megatron_imports(self) -> AbstractContextManager[Any]:
+        """Megatron's targets import under the CPU harness (megatron-core 0.18+ needs its
+        triton stand-in), entered only here: after the pre-patches, as MindSpeed orders it."""
+        if self.targets != MEGATRON:
+            return nullcontext()
+        from rr_fakes.megatron import megatron_cpu
+
+        return megatron_cpu()
 
     def patch_features(self) -> None:
         """What importing ``mindspeed.megatron_adaptor`` does."""
