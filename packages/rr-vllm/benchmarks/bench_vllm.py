@@ -8,7 +8,10 @@ alternation, round after round, and each ratio is the median over rounds of that
 over its time (a shared machine drifts; neighbours in time see the same drift). The two goals:
 
 - ``vllm_datapath_vs_memcpy`` >= 0.5: :func:`rr_vllm.decode_vllm_batch` with ``validate=False``
-  (decode, structural checks, one copy into the batch);
+  (decode, structural checks, one copy into the batch), in a loop's steady state: the batch
+  lands in the memory of the one dropped before it (:func:`rr_core.buffers.recycled`), as the
+  copy lands in a buffer written before; ``vllm_datapath_fresh_buffer_vs_memcpy`` is the same
+  into freshly mapped memory (a loop's first step);
 - ``vllm_idchecks_per_core_vs_memcpy`` >= 0.25 per kernel: rr_core's id checks
   (``RouteBatch.validate``: range, K distinct ids, all-zero capture, empty dense slots) on one
   thread; ``vllm_idchecks_vs_memcpy`` has them at each thread count, so the scaling shows.
@@ -27,14 +30,15 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
-from rr_core import RouteMeta, kernels
+from rr_core import RouteMeta, buffers, kernels
 from rr_core.routes import idcheck_words
 from rr_vllm import decode_vllm_batch, decode_vllm_output, to_trainer_layout, validate_samples
 
@@ -64,6 +68,17 @@ def requests(samples: int, tokens: int, *, vary: bool = False) -> list[Any]:
             )
         )
     return out
+
+
+@contextmanager
+def fresh_buffers() -> Iterator[None]:
+    """Every buffer in the block is freshly mapped memory (rr_core.buffers recycles none)."""
+    before = buffers.MIN_RECYCLED_BYTES
+    buffers.MIN_RECYCLED_BYTES = 1 << 62
+    try:
+        yield
+    finally:
+        buffers.MIN_RECYCLED_BYTES = before
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:
@@ -127,6 +142,10 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     def datapath() -> Any:
         return decode_vllm_batch(reqs, meta, validate=False)
 
+    def datapath_fresh() -> Any:  # the first step of a loop: no dropped batch to reuse
+        with fresh_buffers():
+            return decode_vllm_batch(reqs, meta, validate=False)
+
     def assemble() -> Any:
         return decode_vllm_batch(reqs, meta)
 
@@ -142,6 +161,7 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     main = {
         "memcpy": copy,
         "datapath": datapath,
+        "datapath_fresh_buffer": datapath_fresh,
         "assembly": assemble,
         "decode": decode,
         "per_sample": per_sample,
@@ -186,6 +206,7 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
         "checks_ms": ms["memcpy"] / checks[default][str(threads)],
         "trainer_layout_ms": ms["trainer_layout"],
         "vllm_datapath_vs_memcpy": ratio["datapath"],
+        "vllm_datapath_fresh_buffer_vs_memcpy": ratio["datapath_fresh_buffer"],
         "vllm_idchecks_per_core_vs_memcpy": {k: v["1"] for k, v in checks.items()},
         "vllm_idchecks_vs_memcpy": checks,
         "vllm_idcheck_kernel_vs_memcpy": kernel_only,
