@@ -157,7 +157,8 @@ def test_install_uninstall_state_machine_under_mindspeed() -> None:
 
 # -- what routes ----------------------------------------------------------------------------------
 def test_wrapper_only_registrations_are_accepted_and_replay_exactly() -> None:
-    targets = (ROUTING, TOPK) if _line() < (0, 14) else (ROUTING,)  # 0.14+: no such function
+    router_copy = "megatron.core.transformer.moe.router.topk_softmax_with_capacity"
+    targets = (ROUTING, TOPK, router_copy) if _line() < (0, 14) else (ROUTING,)  # 0.14+: gone
     with mindspeed(wrappers=targets) as ms, installed():
         for target in targets:
             record = ms.patch(target)
@@ -264,6 +265,8 @@ def test_mla_config_with_flag_and_rr_owned_copies() -> None:
         rebuilt = rr_npu.config_from_plain(plain)
         assert isinstance(rebuilt, tc.MLATransformerConfig)
         assert rmc.replay_enabled(rebuilt)
+        assert rr_npu.declared_class(cfg) is tc.MLATransformerConfig
+        type(cfg).__module__ = tc.__name__  # Python 3.12+ names the caller's module, not types
         assert rr_npu.declared_class(cfg) is tc.MLATransformerConfig
 
 
