@@ -471,7 +471,7 @@ def bridge(session: nox.Session) -> None:
         *MEGATRON_DATA["BRIDGE_PIP_FLAGS"],
         f"megatron-bridge=={MEGATRON_DATA['BRIDGE_RELEASE']}",
     )
-    install_with_torch(
+    install_with_torch(  # not under --only-binary: omegaconf needs antlr4 4.9, an sdist
         session,
         *MEGATRON_DATA["BRIDGE_IMPORT_DEPS"],
         *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm"),

@@ -24,6 +24,7 @@ from bridge_models import (
     assert_replayed,
     fed,
     perturb,
+    registered,
     rollout_routes,
     watch,
 )
@@ -68,6 +69,28 @@ def test_qwen3_vl_moe_registers_orphan_routers_ahead_of_the_live_ones(native: No
     assert [id(i) for i in built.registered[len(live) :]] == [id(i) for i in live]
     assert len(built.orphans) == len(live)  # and the first ones are orphans
     assert [id(i) for i in built.registered[: len(live)]] == [id(i) for i in built.orphans]
+
+
+def test_qwen3_vl_moe_megatrons_positional_replay_puts_live_routes_on_the_orphans(
+    native: None,
+) -> None:
+    """What rr avoids: Megatron's own ``RouterReplay.set_replay_data`` addresses routers by
+    position in the global list. One tensor per live layer is refused; in a list sized to the
+    registry, positions 0..2 (where a caller slicing by layer offset puts layers 1..3) reach
+    the orphans, and the live routers get what comes after."""
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    built = Built(QWEN3_VL_MOE)
+    assert len(registered()) == len(built.registered)  # the list holds this model's only
+    by_position = [torch.full((4, K), i, dtype=torch.long) for i in range(len(built.registered))]
+    with pytest.raises(ValueError, match=r"does not match instances \(6\)"):
+        RouterReplay.set_replay_data(by_position[: len(built.live)])
+    RouterReplay.set_replay_data(by_position)
+    try:
+        assert [int(o.target_topk_idx[0, 0]) for o in built.orphans] == [0, 1, 2]
+        assert [int(r.router_replay.target_topk_idx[0, 0]) for r in built.live] == [3, 4, 5]
+    finally:
+        RouterReplay.clear_global_indices()
 
 
 def test_qwen35_moe_mtp_router_is_numbered_1_and_registered_after_the_decoder(
