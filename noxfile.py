@@ -237,6 +237,7 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
         },
         "vllm_assembly_vs_memcpy": vllm_run["vllm_assembly_vs_memcpy"],
         "vllm_datapath_vs_memcpy": vllm_run["vllm_datapath_vs_memcpy"],
+        "vllm_datapath_fresh_buffer_vs_memcpy": vllm_run["vllm_datapath_fresh_buffer_vs_memcpy"],
         "vllm_idchecks_per_core_vs_memcpy": vllm_run["vllm_idchecks_per_core_vs_memcpy"],
         "vllm_idchecks_vs_memcpy": vllm_run["vllm_idchecks_vs_memcpy"],
         "vllm_verl_rr_over_verl": runs["vllm_verl"]["side_by_side"]["rr_over_verl"],
@@ -271,7 +272,11 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
             ),
             "vllm_datapath_vs_memcpy": (
                 "256 x 4096 tokens, 48 layers, top-8, uint8: decode_vllm_batch(validate=False) "
-                "(decode, structural checks, batch) vs a one-thread copy"
+                "(decode, structural checks, batch) vs a one-thread copy, a rollout loop's "
+                "steady state (the batch reuses the dropped one's memory)"
+            ),
+            "vllm_datapath_fresh_buffer_vs_memcpy": (
+                "the same into freshly mapped memory (a loop's first step)"
             ),
             "vllm_idchecks_per_core_vs_memcpy": "RouteBatch.validate per kernel, one thread",
             "vllm_idchecks_vs_memcpy": "RouteBatch.validate per kernel and thread count",
@@ -317,6 +322,7 @@ def bench_table(figures: dict[str, Any]) -> str:
             "step_overhead_ratio_r3",
             "vllm_assembly_vs_memcpy",
             "vllm_datapath_vs_memcpy",
+            "vllm_datapath_fresh_buffer_vs_memcpy",
             "verl_bookkeeping_rr_over_verl",
             "verl_r2_merge_rr_over_verl",
             "verl_step_overhead_dropin",
@@ -359,10 +365,15 @@ def megatron(session: nox.Session, line: str) -> None:
     )
     args = session.posargs or PYTEST_DEFAULTS
     leave_out = (DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST, BRIDGE_TESTS)
+    if line not in DISTRIBUTED_LINES:  # the launcher serves the lines multi-rank tests run on
+        leave_out = (*leave_out, HARNESS_LAUNCH_TESTS)
     session.run("pytest", *selection(MEGATRON_TESTS, *leave_out), *args)
 
 
 DISTRIBUTED_LINES = (next(iter(MEGATRON_LINES)), list(MEGATRON_LINES)[-1])  # oldest, newest
+#: The CPU harness's multi-process launcher (PP, EP, a hung or failing rank), about a minute of
+#: each megatron session: run on the lines the multi-rank replay tests run on.
+HARNESS_LAUNCH_TESTS = PACKAGES / "rr-fakes" / "tests" / "megatron_harness" / "test_harness_dist.py"
 DISTRIBUTED_TESTS = PACKAGES / "rr-megatron-compat" / "tests" / "distributed"
 VERL_DISTRIBUTED_TEST = DISTRIBUTED_TESTS / "test_verl_dist.py"  # run by the verl session
 
