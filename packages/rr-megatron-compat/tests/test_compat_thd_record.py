@@ -132,3 +132,65 @@ def test_G3_packed_r2_records_every_row_of_every_sequence_and_replays_in_place(
                         assert torch.equal(map_TE[span], want), (mb, layer, seq)
     finally:
         controller.detach()
+
+
+def test_tokens_per_sample_flag_is_the_lines_own_fact(megatron: None) -> None:
+    """0.19+ un-flattens packed batches for MoE layers; rr hooks that exactly where it exists."""
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    line = rmc.megatron_line()
+    assert hasattr(TransformerLayer, "_maybe_unflatten_for_moe") == line.moe_unflatten_packed
+    hooked = any(name.endswith("_maybe_unflatten_for_moe") for name in rmc.installed_hooks())
+    assert hooked == line.moe_unflatten_packed
+
+
+def test_tokens_per_sample_packed_rows_record_and_replay_in_packed_order(megatron: None) -> None:
+    """With ``PackedSeqParams.tokens_per_sample`` (0.19+) the MoE layers route a packed batch
+    of mbs samples as ``[S, mbs]`` rows. rr records and replays in packed order all the same:
+    the record equals the record without tokens_per_sample, and replayed rows land on their
+    own tokens, in forward and in backward recompute."""
+    import dataclasses
+
+    import pytest
+
+    if not rmc.megatron_line().moe_unflatten_packed:
+        pytest.skip("megatron-core before 0.19 has no tokens_per_sample")
+    model = build(recompute=True)
+    assert use_thd_attention([model]) == 4
+    length = 6
+    tokens = [t[:length] for t in _tokens(seed=9) if t.shape[0] >= length][:2]
+    controller = ReplayController(num_experts=E, top_k=K)
+    layers = rmc.attach(controller, model)
+    try:
+        packed, plain = _pack(tokens, align=1)
+        per_sample = dict(plain)
+        per_sample["packed_seq_params"] = dataclasses.replace(
+            plain["packed_seq_params"], tokens_per_sample=length
+        )
+        records = []
+        for data in (plain, per_sample):
+            controller.set_mode(ReplayMode.RECORD)
+            with route_log(model) as native:
+                _step(model, controller, [data])
+            records.append(controller.recorded(0))
+            controller.end_step()
+        # the router did route sample-minor rows under tokens_per_sample
+        mbs = len(tokens)
+        first = native.forward[layers[0]][0]
+        assert not torch.equal(first, map_of(records[0][:, 0].long()))
+        assert torch.equal(records[1], records[0])  # packed order, as without tokens_per_sample
+
+        perturb(model)
+        controller.set_mode(ReplayMode.REPLAY)
+        controller.arm(0, records[0], layer_numbers=layers, replay_mask_T=packed.mask_T)
+        with route_log(model) as replayed:
+            _step(model, controller, [per_sample])
+        report = controller.end_step()
+        assert min(report.agreement.values()) < 1.0
+        for slot, layer in enumerate(layers):
+            want = map_of(records[0][:, slot].long())
+            for map_TE in (replayed.forward[layer][0], replayed.recompute[layer][0]):
+                in_packed_order = map_TE.view(length, mbs, E).transpose(0, 1).reshape(-1, E)
+                assert torch.equal(in_packed_order, want), layer
+    finally:
+        controller.detach()

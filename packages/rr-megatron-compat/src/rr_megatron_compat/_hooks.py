@@ -45,6 +45,8 @@ class _Call:
     steer: bool = False  # 0.12 - 0.15: inside the top-k function, steered to group selection
     num_groups: int | None = None
     group_topk: int | None = None
+    #: ``(S, mbs)`` where the layer routes a packed batch as ``[S, mbs]`` rows (0.19+)
+    sample_minor: tuple[int, int] | None = None
 
 
 _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
@@ -77,7 +79,7 @@ def routing_wrapper(
     """``TopKRouter.routing``: mark the routing router, check that replay took effect."""
     if instance is None or _active_mode(instance) is ReplayMode.OFF:
         return wrapped(*args, **kwargs)
-    call = _Call(instance)
+    call = _Call(instance, sample_minor=getattr(instance, _SAMPLE_MINOR, None))
     padding_mask = _padding_mask(args, kwargs)
     token = _CALL.set(call)
     try:
@@ -129,6 +131,30 @@ def _select(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-k step of an attached router: values and ids as Megatron's own would return."""
     call.fired += 1
+    if call.sample_minor is not None:  # rr is armed, and records, in packed order
+        S, mbs = call.sample_minor
+        if scores_TE.shape[0] != S * mbs:
+            raise ReplayError(
+                f"layer {_layer(call.router)}: the router routes {scores_TE.shape[0]} rows, but "
+                f"its layer last un-flattened a packed batch into [S={S}, mbs={mbs}] rows "
+                "(PackedSeqParams.tokens_per_sample); micro-batches of one step must share "
+                "tokens_per_sample and micro-batch size for rr to map their rows"
+            )
+        packed_TE = scores_TE.view(S, mbs, -1).transpose(0, 1).reshape(S * mbs, -1)
+        values_TK, ids_TK = _select_rows(call, packed_TE, topk, num_groups, group_topk)
+        return tuple(  # type: ignore[return-value]
+            t.view(mbs, S, -1).transpose(0, 1).reshape(S * mbs, -1) for t in (values_TK, ids_TK)
+        )
+    return _select_rows(call, scores_TE, topk, num_groups, group_topk)
+
+
+def _select_rows(
+    call: _Call,
+    scores_TE: torch.Tensor,
+    topk: int,
+    num_groups: int | None,
+    group_topk: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     if group_topk:
         if not num_groups:
             raise ReplayError(
@@ -140,6 +166,25 @@ def _select(
     else:
         out = router_topk(call.router, scores_TE, topk)
     return out.values_TK, out.ids_TK
+
+
+#: The router attribute where :func:`unflatten_wrapper` leaves its layer's last row order.
+_SAMPLE_MINOR = "_rr_sample_minor"
+
+
+def unflatten_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """0.19+: ``TransformerLayer._maybe_unflatten_for_moe``. With ``tokens_per_sample`` it turns
+    a packed ``[mbs * S, 1, H]`` batch into ``[S, mbs, H]`` for the MoE layer; the layer's router
+    keeps the order it routes in until the layer's next forward (a backward recompute of the MoE
+    layer routes the same rows)."""
+    hidden_states, padding_mask, mbs = wrapped(*args, **kwargs)
+    router = getattr(getattr(instance, "mlp", None), "router", None)
+    if router is not None:
+        order = None if mbs is None else (int(hidden_states.shape[0]), int(hidden_states.shape[1]))
+        setattr(router, _SAMPLE_MINOR, order)
+    return hidden_states, padding_mask, mbs
 
 
 _SIGNATURES: dict[Any, inspect.Signature] = {}
@@ -215,4 +260,5 @@ WRAPPERS: dict[str, Callable[..., Any]] = {
     "group_select": group_select_wrapper,
     "native_select": native_select_wrapper,
     "alltoall_preprocess": _dispatcher.alltoall_preprocess_wrapper,
+    "unflatten": unflatten_wrapper,
 }

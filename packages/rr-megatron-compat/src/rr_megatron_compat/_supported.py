@@ -25,6 +25,11 @@ MEGATRON_FEATURES: dict[str, str] = {
     # release carries the fix yet).
     # rr counts in Megatron's place on these lines (correct on fixed code too).
     "expert_bias_padding_unbroadcast": ">=0.16,<0.20",
+    # TransformerLayer._maybe_unflatten_for_moe: a packed [mbs * S, 1, H] batch whose
+    # PackedSeqParams.tokens_per_sample is S reaches MoE layers as [S, mbs, H], so the router's
+    # rows are sample-minor (s * mbs + b), not the packed order rr is armed with (b * S + s).
+    # Read in 0.19.0 and 0.19.2 (absent from 0.18.2); rr maps the rows both ways.
+    "moe_unflatten_packed": ">=0.19",
 }
 
 #: What the CPU harness (rr_fakes.megatron) shims or passes per line, as version specifiers.
@@ -158,6 +163,8 @@ KNOWN_ISSUES: dict[str, tuple[str, ...]] = {
     ),
     "0.19": (
         "native RouterReplay gains layer_number",
+        "PackedSeqParams.tokens_per_sample re-orders a packed batch's router rows to [S, mbs] "
+        "(rr maps armed and recorded rows back to packed order)",
         "import needs triton (undeclared)",
         _G1_EXPERT_BIAS,
     ),

@@ -24,6 +24,7 @@ ROUTER = "megatron.core.transformer.moe.router"
 MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 ROUTER_REPLAY = "megatron.core.transformer.moe.router_replay"
 DISPATCHER = "megatron.core.transformer.moe.token_dispatcher"
+LAYER = "megatron.core.transformer.transformer_layer"
 
 
 class MegatronNotInstalledError(RRError, ImportError):
@@ -64,6 +65,9 @@ class MegatronLine:
     #: un-broadcast (G1, Megatron #6114: an error when T != E, wrong counts when T == E); rr
     #: counts in its place on these lines (0.16 - 0.19.2).
     expert_bias_padding_unbroadcast: bool
+    #: ``TransformerLayer._maybe_unflatten_for_moe`` (0.19+): with
+    #: ``PackedSeqParams.tokens_per_sample`` a packed batch routes as ``[S, mbs]`` rows.
+    moe_unflatten_packed: bool
 
     @property
     def line(self) -> str:
@@ -152,4 +156,6 @@ def hook_specs(line: MegatronLine) -> tuple[HookSpec, ...]:
     specs.append(
         HookSpec(DISPATCHER, "MoEAlltoAllTokenDispatcher", "preprocess", "alltoall_preprocess")
     )
+    if line.moe_unflatten_packed:
+        specs.append(HookSpec(LAYER, "TransformerLayer", "_maybe_unflatten_for_moe", "unflatten"))
     return tuple(specs)
