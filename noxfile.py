@@ -43,10 +43,11 @@ MEGATRON_DATA = runpy.run_path(
 MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = MEGATRON_DATA[
     "MEGATRON_LINES"
 ]
+DEMO_TESTS = PACKAGES / "rr-demo" / "tests"
 MEGATRON_TESTS = [
     PACKAGES / "rr-fakes" / "tests" / "megatron_harness",
     PACKAGES / "rr-megatron-compat" / "tests",
-    PACKAGES / "rr-demo" / "tests",  # the main job's chain holds on every line
+    DEMO_TESTS,  # the main job's chain, on the oldest and newest line
 ]
 # The vLLM release the real-class tests use, and what lets it import on CPU torch.
 VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
@@ -365,14 +366,15 @@ def megatron(session: nox.Session, line: str) -> None:
     )
     args = session.posargs or PYTEST_DEFAULTS
     leave_out = (DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST, BRIDGE_TESTS)
-    if line not in DISTRIBUTED_LINES:  # the launcher serves the lines multi-rank tests run on
-        leave_out = (*leave_out, HARNESS_LAUNCH_TESTS)
+    if line not in DISTRIBUTED_LINES:  # see HARNESS_LAUNCH_TESTS
+        leave_out = (*leave_out, HARNESS_LAUNCH_TESTS, DEMO_TESTS)
     session.run("pytest", *selection(MEGATRON_TESTS, *leave_out), *args)
 
 
 DISTRIBUTED_LINES = (next(iter(MEGATRON_LINES)), list(MEGATRON_LINES)[-1])  # oldest, newest
-#: The CPU harness's multi-process launcher (PP, EP, a hung or failing rank), about a minute of
-#: each megatron session: run on the lines the multi-rank replay tests run on.
+#: The CPU harness's multi-process launcher (PP, EP, a hung or failing rank) and the demo's
+#: end-to-end chain run on the lines the multi-rank replay tests run on (each part they use is
+#: tested on every line): about a minute of each middle line.
 HARNESS_LAUNCH_TESTS = PACKAGES / "rr-fakes" / "tests" / "megatron_harness" / "test_harness_dist.py"
 DISTRIBUTED_TESTS = PACKAGES / "rr-megatron-compat" / "tests" / "distributed"
 VERL_DISTRIBUTED_TEST = DISTRIBUTED_TESTS / "test_verl_dist.py"  # run by the verl session
@@ -499,20 +501,22 @@ TRANSFORMERS_DISTRIBUTED_TESTS = PACKAGES / "rr-transformers" / "tests" / "distr
 
 
 @session(python="3.11")
-@nox.parametrize("line", list(TRANSFORMERS_LINES), ids=list(TRANSFORMERS_LINES))
-def transformers(session: nox.Session, line: str) -> None:
-    """Real transformers MoE models on CPU, one pinned release per line: every family's record /
-    replay, R3 from decoded rollouts, checkpointing, FSDP2 on two gloo processes, the demo."""
-    install_with_torch(
-        session, f"transformers=={TRANSFORMERS_LINES[line]}", *TRANSFORMERS_DATA["TEST_DEPS"]
-    )
+def transformers(session: nox.Session) -> None:
+    """Real transformers MoE models on CPU, each pinned release in turn in one venv (oldest
+    first; pip moves its dependencies with it): every family's record / replay, R3 from decoded
+    rollouts, checkpointing, FSDP2 on two gloo processes, the demo."""
+    releases = list(TRANSFORMERS_LINES.values())
+    install_with_torch(session, f"transformers=={releases[0]}", *TRANSFORMERS_DATA["TEST_DEPS"])
     install_with_torch(
         session,
         *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
         *editable("rr-megatron-compat", "rr-demo"),  # rr-demo's dependency; megatron is not
     )
-    report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    session.run("pytest", *selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS), *args)
-    if not session.posargs:  # posargs name what to run
-        run_ranked_tests(session, str(TRANSFORMERS_DISTRIBUTED_TESTS))
+    for release in releases:
+        install_with_torch(session, f"transformers=={release}", *TRANSFORMERS_DATA["TEST_DEPS"])
+        report_versions(session)
+        tests = selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS)
+        session.run("pytest", *tests, *args)
+        if not session.posargs:  # posargs name what to run
+            run_ranked_tests(session, str(TRANSFORMERS_DISTRIBUTED_TESTS))
