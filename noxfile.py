@@ -18,16 +18,19 @@ from typing import Any
 
 import nox
 
-nox.options.default_venv_backend = "venv"
+sys.path.insert(0, str(Path(__file__).parent))
+from noxsupport import installer, timings
+
+# uv where nox finds it (`pip install 'nox[uv]'`), venv and pip otherwise; `-db venv` forces pip.
+nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = [
     "lint", "core", "vllm", "sglang", "megatron", "distributed", "npu", "verl", "bridge",
-    "transformers",
+    "transformers", "timings",
 ]  # fmt: skip
 
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
-TORCH = "torch==2.13.0"
 ALL_PACKAGES = (
     "rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-transformers", "rr-fakes", "rr-demo"
 )  # fmt: skip
@@ -59,17 +62,32 @@ TRANSFORMERS_DATA = runpy.run_path(
 )
 
 
+#: Per-session minutes of the current run, read by the ``timings`` session.
+TIMINGS = Path(os.environ.get("RR_NOX_TIMINGS", ROOT / ".nox" / "rr-timings.jsonl"))
+
+
+@functools.cache
+def pip_sources() -> dict[str, str]:
+    """This machine's pip configuration (read once per nox run), which uv is given too."""
+    return installer.machine_pip_config()
+
+
 def session(**kwargs: Any) -> Callable[[Callable[..., None]], object]:
-    """``nox.session(**kwargs)`` for a session that, with RR_NOX_DROP_VENVS=1 (CI), deletes its
-    venv once it ends, pass or fail. Each venv holds its own ~1 GB torch; fifteen of them at
-    once filled a CI disk."""
+    """``nox.session(**kwargs)`` whose body gets a timed session with an installer, records its
+    minutes for the ``timings`` table and, with RR_NOX_DROP_VENVS=1 (CI), deletes its venv once
+    it ends, pass or fail (each venv of the pip backend holds its own ~1 GB torch)."""
 
     def decorate(body: Callable[..., None]) -> object:
         @functools.wraps(body)  # keeps nox.parametrize's marks and the signature
         def run(session: nox.Session, **params: Any) -> None:
+            watch = timings.Stopwatch(session)
+            watch.installer = installer.Installer(watch, pip_sources())
+            ok = False
             try:
-                body(session, **params)
+                body(watch, **params)
+                ok = True
             finally:
+                timings.record(TIMINGS, getattr(session, "name", body.__name__), watch, ok)
                 location = getattr(session.virtualenv, "location", None)
                 if os.environ.get("RR_NOX_DROP_VENVS") == "1" and location:
                     session.log(f"dropping {location}")
@@ -81,11 +99,8 @@ def session(**kwargs: Any) -> Callable[[Callable[..., None]], object]:
 
 
 def install_with_torch(session: nox.Session, *args: str) -> None:
-    """Install torch==2.13.0 first, then ``args`` constrained to that torch."""
-    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
-    constraints.write_text(f"{TORCH}\n")
-    session.install(TORCH)
-    session.install("-c", str(constraints), *args)
+    """Install torch==2.13.0 first (once per venv), then ``args`` constrained to that build."""
+    session.installer.with_torch(*args)  # type: ignore[attr-defined]
 
 
 def editable(*names: str) -> list[str]:
@@ -522,3 +537,9 @@ def transformers(session: nox.Session) -> None:
         session.run("pytest", *tests, *args)
         if not session.posargs:  # posargs name what to run
             run_ranked_tests(session, str(TRANSFORMERS_DISTRIBUTED_TESTS))
+
+
+@nox.session(name="timings", venv_backend="none")
+def timings_session(session: nox.Session) -> None:
+    """The minutes of the run's sessions (venv, install, tests, other): last of a full run."""
+    session.log("\n" + timings.table(timings.last_run(TIMINGS)))

@@ -46,7 +46,7 @@ def stand_in_nox(sessions: dict[str, tuple[Callable[..., None], dict[str, Any]]]
 
     def session(**kwargs: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
         def register(body: Callable[..., None]) -> Callable[..., None]:
-            sessions[body.__name__] = (body, kwargs)
+            sessions[kwargs.get("name", body.__name__)] = (body, kwargs)
             return body
 
         return register
@@ -70,6 +70,7 @@ def pytest_runs(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tu
     sessions: dict[str, tuple[Callable[..., None], dict[str, Any]]] = {}
     monkeypatch.setitem(sys.modules, "nox", stand_in_nox(sessions))
     monkeypatch.delenv("RR_NOX_DROP_VENVS", raising=False)
+    monkeypatch.setenv("RR_NOX_TIMINGS", str(tmp / "timings.jsonl"))
     names = runpy.run_path(str(ROOT / "noxfile.py"))["nox"].options.sessions
     runs: dict[str, list[tuple[str, ...]]] = {}
     for name in names:

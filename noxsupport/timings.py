@@ -1,0 +1,102 @@
+"""Where a nox run's minutes go: each session's venv, install, test and other time, recorded as
+the session runs and printed as one table at the end of the run (the ``timings`` session).
+
+Records are JSON lines in ``.nox/rr-timings.jsonl`` keyed by the nox process, so a table shows
+one run; "venv" is the time between the previous session's end and this one's start (nox
+creating the venv, and dropping the previous one), 0 for a run's first session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+KINDS = ("install", "tests", "other")
+
+
+def _kind(args: tuple[Any, ...]) -> str:
+    """What a ``session.run`` command is: an install, a test run, or anything else."""
+    words = [str(a) for a in args[:4]]
+    if words[:1] == ["pytest"]:
+        return "tests"
+    if words[:1] == ["uv"] or words[1:4] == ["-m", "pip", "install"]:
+        return "install"
+    return "other"
+
+
+class Stopwatch:
+    """A nox session whose ``install`` and ``run`` calls are timed by kind; everything else
+    passes through to the session."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self.seconds = dict.fromkeys(KINDS, 0.0)
+        self.started = time.time()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    @contextmanager
+    def _timed(self, kind: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[kind] += time.perf_counter() - start
+
+    def install(self, *args: Any, **kwargs: Any) -> Any:
+        with self._timed("install"):
+            return self._session.install(*args, **kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        with self._timed(_kind(args)):
+            return self._session.run(*args, **kwargs)
+
+
+def record(path: Path, name: str, watch: Stopwatch, ok: bool) -> None:
+    """Append one session's figures to ``path`` (one JSON object a line)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {
+        "run": os.getpid(), "session": name, "ok": ok, "start": watch.started,
+        "end": time.time(), **{k: round(v, 1) for k, v in watch.seconds.items()},
+    }  # fmt: skip
+    with path.open("a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+
+
+def last_run(path: Path) -> list[dict[str, Any]]:
+    """The records of this nox process's run, or of the newest run recorded."""
+    if not path.exists():
+        return []
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    runs = [e["run"] for e in entries]
+    run = os.getpid() if os.getpid() in runs else (runs[-1] if runs else None)
+    return [e for e in entries if e["run"] == run]
+
+
+def table(entries: list[dict[str, Any]]) -> str:
+    """Minutes per session (venv, install, tests, other, total) and the run's sum."""
+    if not entries:
+        return "no session timings recorded"
+    rows, previous_end = [], entries[0]["start"]
+    sums = dict.fromkeys(("venv", *KINDS, "total"), 0.0)
+    for e in entries:
+        venv = max(0.0, e["start"] - previous_end)
+        figures = {"venv": venv, **{k: e[k] for k in KINDS}, "total": venv + e["end"] - e["start"]}
+        previous_end = e["end"]
+        for k, v in figures.items():
+            sums[k] += v
+        rows.append((e["session"] + ("" if e["ok"] else " (failed)"), figures))
+    rows.append(("all sessions", sums))
+    width = max(len(name) for name, _ in rows)
+    head = f"{'session':<{width}}  " + "  ".join(f"{k:>7}" for k in sums) + "   (minutes)"
+    body = [
+        f"{name:<{width}}  " + "  ".join(f"{v / 60:7.1f}" for v in figures.values())
+        for name, figures in rows
+    ]
+    return "\n".join([head, *body])
