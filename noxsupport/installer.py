@@ -123,6 +123,13 @@ class Installer:
             args = tuple("--reinstall" if a == "--force-reinstall" else a for a in args)
             self._session.install(*self._flags, *args, env=self._env)
 
+    def uninstall(self, *names: str) -> None:
+        """Remove ``names`` from the venv (those not installed are skipped)."""
+        if self._uv:
+            self._session.run("uv", "pip", "uninstall", *names, env=self._env)
+        else:
+            self._session.run("python", "-m", "pip", "uninstall", "--yes", *names)
+
     def with_torch(self, *args: str) -> None:
         """Install torch first (once per venv), then ``args`` constrained to that torch."""
         constraint = self.torch_constraint()

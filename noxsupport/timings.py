@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("install", "tests", "other")
+#: Commands whose time is a session's checking time (the lint session's checks are its tests).
+CHECKS = frozenset({"pytest", "ruff", "mypy", "lint-imports"})
 
 
 def _kind(args: tuple[Any, ...]) -> str:
     """What a ``session.run`` command is: an install, a test run, or anything else."""
     words = [str(a) for a in args[:4]]
-    if words[:1] == ["pytest"]:
+    if words[:1] and words[0] in CHECKS:
         return "tests"
     if words[:1] == ["uv"] or words[1:4] == ["-m", "pip", "install"]:
         return "install"

@@ -136,3 +136,18 @@ def test_stopwatch_table_adds_up(tmp_path: Path) -> None:
         handle.write(json.dumps(other_run) + "\n")
     assert len(timings.last_run(path)) == 2  # this process's run, not the other one
     assert timings.table([]) == "no session timings recorded"
+
+
+@pytest.mark.parametrize(
+    ("command", "kind"),
+    [
+        (("pytest", "-q"), "tests"),
+        (("mypy", "src"), "tests"),
+        (("python", "-m", "pip", "install", "x"), "install"),
+        (("uv", "pip", "uninstall", "x"), "install"),
+        (("rr", "doctor"), "other"),
+        (("python", "-c", "print()"), "other"),
+    ],
+)
+def test_each_command_is_timed_as_its_kind(command: tuple[str, ...], kind: str) -> None:
+    assert timings._kind(command) == kind
