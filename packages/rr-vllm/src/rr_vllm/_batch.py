@@ -53,7 +53,7 @@ def decode_vllm_batch(
     request_outputs: Sequence[Any],
     meta: RouteMeta,
     *,
-    prompt_start: int = 0,
+    prompt_start: int | Sequence[int] = 0,
     allow_all_zero: bool = False,
     allow_physical: bool = False,
     logical_experts: int | None = None,
@@ -68,6 +68,10 @@ def decode_vllm_batch(
     are already in the batch's dtype (vLLM 0.22+ returns uint8 up to 256 experts) each is
     copied once, straight into the batch.
 
+    ``prompt_start`` is the ``routed_experts_prompt_start`` each request was sent with: one
+    value for all, or one per request (in ``request_outputs`` order; each request's completions
+    share it), as a rollout's multi-turn continuations and fresh prompts differ.
+
     ``validate=False`` skips rr_core's id checks (range, K distinct ids, empty dense slots, E1),
     for a caller that runs them itself later (``pack_batch_for_verl(..., validate=True)``);
     shapes, row counts, missing routes and E2 are checked either way.
@@ -79,13 +83,14 @@ def decode_vllm_batch(
         raise EngineOutputError(
             f"request_outputs must be a list of RequestOutput; got {type(request_outputs).__name__}"
         )
+    starts = _prompt_starts(prompt_start, len(request_outputs))
     dtype = _compact_dtype(meta.num_experts)
     requests = [read_request(r) for r in request_outputs]
     if not _direct(requests, dtype):
         samples = [
             s
-            for r in request_outputs
-            for s in decode_vllm_output(r, meta, prompt_start=prompt_start)
+            for r, start in zip(request_outputs, starts, strict=True)
+            for s in decode_vllm_output(r, meta, prompt_start=start)
         ]
         return batch_samples(
             samples,
@@ -102,18 +107,18 @@ def decode_vllm_batch(
     L, K = len(meta.layer_numbers), meta.top_k
     values_NLK = recycled((int(offsets[-1]), L, K), dtype)  # each sample zeroes what it skips
     valid_N = np.zeros(int(offsets[-1]), dtype=bool)
-    flat = [(r, c) for r in requests for c in r.completions]
+    flat = [(r, c, start) for r, start in zip(requests, starts, strict=True) for c in r.completions]
 
     def place(start: int, stop: int) -> None:  # completions [start, stop), in order
         for i in range(start, stop):
-            r, c = flat[i]
+            r, c, start = flat[i]
             rows = slice(int(offsets[i]), int(offsets[i + 1]))
             sample = decode_routes_array(
                 c.rows,
                 meta,
                 num_prompt_tokens=r.num_prompt_tokens,
                 num_generated_tokens=c.num_generated_tokens,
-                prompt_start=prompt_start,
+                prompt_start=start,
                 finish_reason=c.finish_reason,
                 what=c.what,
                 out=(values_NLK[rows], valid_N[rows]),
@@ -133,3 +138,23 @@ def decode_vllm_batch(
         validate=validate,
         allow_all_zero=allow_all_zero,
     )
+
+
+def _prompt_starts(prompt_start: object, num_requests: int) -> list[int]:
+    """One ``prompt_start`` per request: the value given for all, or the sequence given."""
+    if isinstance(prompt_start, int) and not isinstance(prompt_start, bool):
+        return [prompt_start] * num_requests
+    if isinstance(prompt_start, str | bytes) or not isinstance(prompt_start, Sequence):
+        raise EngineOutputError(
+            f"prompt_start must be an int or one int per request; got {type(prompt_start).__name__}"
+        )
+    starts = list(prompt_start)
+    if len(starts) != num_requests:
+        raise EngineOutputError(
+            f"prompt_start has {len(starts)} values for {num_requests} requests; pass one per "
+            "request (in request_outputs order) or a single int"
+        )
+    for i, start in enumerate(starts):
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise EngineOutputError(f"prompt_start[{i}] must be an int; got {type(start).__name__}")
+    return starts
