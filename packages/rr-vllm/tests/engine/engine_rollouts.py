@@ -11,7 +11,8 @@ cache holds the first call's blocks):
   ``routed_experts_prompt_start`` > 0, a prompt with stop tokens (finish ``stop``), a long prompt
   whose first block the second call reuses, and a prompt that reaches ``max_model_len``
   (finish ``length`` at ``max_model_len``);
-- call 2: the first prompt again with the same seed and a prompt start > 0, and the long prompt's
+- call 2: the first prompt again with the same seed, with a prompt start > 0 and with the whole
+  prompt as its start (generation rows only), and the long prompt's
   first block with another tail (a prefix-cache hit where prefix caching is on).
 
 Sampling fields come from rr_vllm (``vllm_sampling_fields``) and the capture switch from
@@ -97,6 +98,7 @@ def requests(vocab_size: int) -> tuple[list[Request], list[Request]]:
     ]
     second = [
         Request("short_again", short, 5, seed=11),
+        Request("short_whole", short, len(short), seed=11),  # start == P (0.30+, PR #56844)
         Request("long_hit", long[:BLOCK] + _ids(rng, 12, vocab_size), 0, seed=17),
     ]
     return first, second

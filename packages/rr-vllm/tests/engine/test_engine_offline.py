@@ -119,6 +119,23 @@ def test_a_prompt_start_returns_the_tail_of_the_rows(engines, family: str) -> No
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_the_whole_prompt_as_start_returns_the_generation_rows(engines, family: str) -> None:
+    roll = rollout(engines, family, FP32)
+    request, first = roll.by_name("short")
+    whole, out = roll.by_name("short_whole")
+    P = len(request.prompt)
+    assert whole.prompt_start == P  # sent as asked: this release serves it (rr_vllm flags)
+    (a,), (c,) = first.outputs, out.outputs
+    assert c.routed_experts.shape[0] == len(c.token_ids) - 1
+    (s,) = decode_vllm_output(out, roll.checkpoint.route_meta(), prompt_start=P)
+    assert s is not None
+    assert int(np.asarray(s.valid_T).sum()) == len(c.token_ids) - 1
+    if family in MLA_FAMILIES and list(a.token_ids) != list(c.token_ids):
+        pytest.xfail(MLA_BATCH_DEPENDENT)
+    np.testing.assert_array_equal(c.routed_experts, a.routed_experts[P:])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_n_completions_share_their_prompt_rows(engines, family: str) -> None:
     roll = rollout(engines, family, FP32)
     request, out = roll.by_name("n2")
