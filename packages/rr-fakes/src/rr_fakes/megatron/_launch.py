@@ -1,6 +1,13 @@
 """Run a function in N processes on one machine, each rank a gloo member (and, optionally, a
 Megatron model-parallel rank), and fail loudly: the first rank that raises fails the call with
-its own traceback, a hard timeout ends hung collectives, and no process outlives the call."""
+its own traceback, a hard timeout ends hung collectives, and no process outlives the call.
+
+Ranks are forked by multiprocessing's fork server, which imports torch (and, where installed,
+megatron-core under the CPU harness) once per test process: a spawned rank spent about 8 s of
+its start re-importing them. The server is a clean single-threaded process, so forking it is
+safe where forking a test process that has run torch's thread pools is not. Each rank takes the
+caller's environment and working directory as they are at the call, as a spawned one would.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +30,17 @@ class RankFailedError(RuntimeError):
         self.rank, self.detail = rank, detail
 
 
+#: What the fork server imports before it forks a rank (each module's own import guards what
+#: is not installed).
+PRELOAD = ("rr_fakes.megatron._preload",)
+
+
+def _context() -> Any:
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))  # read when the server first starts
+    return context
+
+
 def _rank_main(
     rank: int,
     world_size: int,
@@ -31,7 +49,12 @@ def _rank_main(
     args: tuple[Any, ...],
     sizes: ParallelSizes | None,
     results: Any,
+    caller: tuple[dict[str, str], str],
 ) -> None:
+    environ, cwd = caller  # the server's were the caller's when it started, not now
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     import torch
 
     torch.set_num_threads(1)  # N ranks share the machine's cores
@@ -61,19 +84,20 @@ def launch(
     sizes: ParallelSizes | None = None,
     timeout_s: float = 120.0,
 ) -> list[Any]:
-    """Call ``fn(*args)`` on ranks 0..world_size-1 (spawned processes) and return their
+    """Call ``fn(*args)`` on ranks 0..world_size-1 (forked processes) and return their
     results by rank. With ``sizes`` each rank runs inside :func:`model_parallel` (the CPU
     harness and Megatron's parallel state). ``fn``, ``args`` and results must pickle; define
     ``fn`` at module level."""
     if not 1 <= world_size <= 8:
         raise ValueError(f"world_size must be in 1..8; got {world_size}")
-    context = mp.get_context("spawn")
+    context = _context()
     results = context.Queue()
     port = free_port()
+    caller = (dict(os.environ), os.getcwd())
     processes = [
         context.Process(
             target=_rank_main,
-            args=(rank, world_size, port, fn, args, sizes, results),
+            args=(rank, world_size, port, fn, args, sizes, results, caller),
             name=f"rr-rank{rank}",
             daemon=True,
         )
