@@ -93,7 +93,8 @@ def test_uv_venv_installs_torch_first_then_pins_its_exact_build(tmp_path: Path) 
     assert installs[0][-1] == installer.TORCH  # torch alone, first, once
     assert [a[-1] for a in installs].count(installer.TORCH) == 1
     assert all(a[:2] == ("--find-links", "/w") for a in installs)
-    assert "--reinstall" in installs[1] and "--force-reinstall" not in installs[1]
+    assert "--reinstall" in installs[1]  # uv's spelling of pip's --force-reinstall
+    assert "--force-reinstall" not in installs[1]
     constraint = Path(installs[1][installs[1].index("-c") + 1])
     assert constraint.read_text() == "torch==2.13.0+cpu\n"  # no CUDA '2.13.0' fits it
     envs = [kw.get("env") for kind, _, kw in session.calls if kind == "install"]
@@ -130,7 +131,8 @@ def test_stopwatch_table_adds_up(tmp_path: Path) -> None:
     assert [e["session"] for e in entries] == ["core", "vllm"]
     assert all(e[k] >= 0 for e in entries for k in timings.KINDS)
     text = timings.table(entries)
-    assert "vllm (failed)" in text and text.splitlines()[-1].startswith("all sessions")
+    assert "vllm (failed)" in text
+    assert text.splitlines()[-1].startswith("all sessions")
     other_run = {**json.loads(path.read_text().splitlines()[0]), "run": -1}
     with path.open("a") as handle:
         handle.write(json.dumps(other_run) + "\n")
