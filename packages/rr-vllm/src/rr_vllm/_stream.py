@@ -50,7 +50,10 @@ class _Choice:
 
 def _events(stream: Iterable[Any]) -> Iterable[tuple[int, Mapping[str, Any] | None]]:
     """``(chunk number, parsed chunk)`` from SSE text (whole, or line by line, str or bytes)
-    or already-parsed chunks; None for ``[DONE]``."""
+    or already-parsed chunks; None for ``[DONE]``. A whole body (one ``str`` or ``bytes``, as
+    ``response.text`` / ``response.content``) is one item, not its characters."""
+    if isinstance(stream, str | bytes):
+        stream = [stream]
     n = 0
     for item in stream:
         if isinstance(item, Mapping):

@@ -129,6 +129,10 @@ def _generation_only(
     )
 
 
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
 def decode_vllm_http(
     response: Mapping[str, Any],
     meta: RouteMeta,
@@ -139,15 +143,18 @@ def decode_vllm_http(
     vllm_version: str | None = None,
     generation_only: bool = False,
 ) -> list[SampleRoutes | None]:
-    """Routes of each choice of a non-streaming ``/v1/completions`` JSON answer. Token counts
-    come from the choice's ``prompt_token_ids`` / ``token_ids`` (``return_token_ids``), or
-    ``prompt_token_ids`` here. An error body raises (a 0.32+ store eviction as
-    :class:`~rr_vllm.RouteStoreEvictedError`); 0.21 answers need ``generation_only=True``."""
+    """Routes of each choice of a non-streaming JSON answer: ``/v1/completions``,
+    ``/v1/chat/completions`` or ``/inference/v1/generate``. Token counts come from the choice's
+    ``token_ids`` and the prompt's ``prompt_token_ids``: the choice's (completions), the
+    response's (chat, generate), or ``prompt_token_ids`` here. The OpenAI answers carry token
+    ids only when the request sets ``return_token_ids=true`` (null otherwise, which raises).
+    An error body raises (a 0.32+ store eviction as :class:`~rr_vllm.RouteStoreEvictedError`);
+    0.21 answers need ``generation_only=True``."""
     check_policy(on_abort)
     body = as_mapping(response, "the HTTP response")
     check_error_body(body)
     split = vllm_version is not None and vllm_flags(vllm_version).split_arrays
-    name = f"response {body.get('id', '?')}"
+    name = f"response {body.get('id', body.get('request_id', '?'))}"
     choices = key(body, "choices", f"{name} (a /v1/completions answer)")
     if isinstance(choices, str | bytes | Mapping) or not isinstance(choices, Sequence):
         raise EngineOutputError(
@@ -155,16 +162,27 @@ def decode_vllm_http(
         )
     if not choices:
         raise EngineOutputError(f"{name}: 'choices' is empty; a completion has n >= 1 choices")
+    # /v1/chat/completions and /inference/v1/generate send the prompt once, response-level
+    top_prompt = body.get("prompt_token_ids")
     out: list[SampleRoutes | None] = []
     for i, item in enumerate(choices):
         choice = as_mapping(item, f"{name}, choice {i}")
         what = f"{name}, choice {choice.get('index', i)}"
-        prompt = choice.get("prompt_token_ids", prompt_token_ids)
+        # a null field is an absent one: vLLM sends `"prompt_token_ids": null` in every
+        # /v1/completions choice unless return_token_ids is set
+        prompt = _first(choice.get("prompt_token_ids"), top_prompt, prompt_token_ids)
         tokens = choice.get("token_ids")
-        if prompt is None or tokens is None:
+        if tokens is None:
             raise EngineOutputError(
-                f"{what}: needs prompt_token_ids and token_ids to place the routes; send the "
-                "request with return_token_ids=true or pass prompt_token_ids"
+                f"{what}: token_ids is null, so the generated tokens the routes cover are "
+                "unknown; vLLM returns them only when the request sets return_token_ids=true "
+                "(/v1/completions, /v1/chat/completions; /inference/v1/generate always sends "
+                "them). Passing prompt_token_ids cannot replace them"
+            )
+        if prompt is None:
+            raise EngineOutputError(
+                f"{what}: no prompt_token_ids (in the choice or the response); send the request "
+                "with return_token_ids=true or pass prompt_token_ids"
             )
         p = token_count(prompt, f"{what}: prompt_token_ids")
         g = token_count(tokens, f"{what}: token_ids")

@@ -41,5 +41,6 @@ from ._wire import (
     sglang_openai_response as sglang_openai_response,
     sglang_openai_stream as sglang_openai_stream,
     sglang_response as sglang_response,
+    vllm_generate_response as vllm_generate_response,
     vllm_http_response as vllm_http_response,
 )

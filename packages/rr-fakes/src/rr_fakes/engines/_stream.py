@@ -13,6 +13,9 @@ out only when the request finishes):
   when ``return_token_ids`` is set; ``include_usage`` adds a usage-only chunk (``choices: []``).
 - ``/v1/completions`` and ``/v1/chat/completions`` with ``stream=true``: the stream choices have
   no ``routed_experts`` field (vLLM RFC #56745), so the routes are gone.
+
+``output_mode=None`` and :func:`openai_stream` are the forms read off a real vLLM 0.30 server
+(``vllm serve --enable-return-routed-experts --enable-scale-out``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rr_fakes.engines._wire import encode_npy_base64
+from rr_fakes.engines._wire import SYSTEM_FINGERPRINT, encode_npy_base64
 
 
 def _event(chunk: dict[str, Any]) -> str:
@@ -39,14 +42,19 @@ def vllm_generate_stream(
     chunk_tokens: int = 1,
     return_token_ids: bool = True,
     include_usage: bool = False,
-    output_mode: str = "tokens",
+    output_mode: str | None = "tokens",
     drop_routes: bool = False,
 ) -> list[str]:
     """The SSE events of a streamed ``/inference/v1/generate`` answer for ``request_output``
     (built by :func:`vllm_request_output`): ``chunk_tokens`` ids per chunk, the routes on each
-    choice's final chunk (``drop_routes`` leaves them null, as a server with capture off)."""
-    if output_mode not in ("tokens", "text"):
-        raise ValueError(f"output_mode is 'tokens' or 'text'; got {output_mode!r}")
+    choice's final chunk (``drop_routes`` leaves them null, as a server with capture off).
+
+    ``output_mode=None`` is the form of a release whose generate protocol has no
+    ``output_mode`` (vLLM 0.30, read off a real server): choices ``{index, logprobs,
+    finish_reason, token_ids, routed_experts, sampling_mask}``, ``"usage": null`` on token
+    chunks, and a usage chunk without null fields."""
+    if output_mode not in ("tokens", "text", None):
+        raise ValueError(f"output_mode is 'tokens', 'text' or None; got {output_mode!r}")
     events, first = [], True
     for completion in request_output.outputs:
         pieces = _pieces(list(completion.token_ids), chunk_tokens)
@@ -57,73 +65,111 @@ def vllm_generate_stream(
                 "index": completion.index,
                 "logprobs": None,
                 "finish_reason": completion.finish_reason if last else None,
-                "stop_reason": completion.stop_reason if last else None,
-                "token_ids": piece,
-                "routed_experts": None if routes is None else encode_npy_base64(routes),
-                "sampling_mask": None,
-                "weight_versions": None,
             }
+            if output_mode is not None:
+                choice["stop_reason"] = completion.stop_reason if last else None
+            choice["token_ids"] = piece
+            choice["routed_experts"] = None if routes is None else encode_npy_base64(routes)
+            choice["sampling_mask"] = None
+            if output_mode is not None:
+                choice["weight_versions"] = None
             if output_mode == "text":
                 choice["text"] = ""
-            chunk: dict[str, Any] = {
-                "request_id": request_output.request_id,
-                "usage": None,
-                "output_mode": output_mode,
-                "choices": [choice],
-            }
+            chunk: dict[str, Any] = {"request_id": request_output.request_id}
+            if output_mode is None:
+                chunk.update(choices=[choice], usage=None)
+            else:
+                chunk.update(usage=None, output_mode=output_mode, choices=[choice])
             if first and return_token_ids:
                 chunk["prompt_token_ids"] = list(request_output.prompt_token_ids)
             first = False
             events.append(_event(chunk))
     if include_usage:
-        p = len(request_output.prompt_token_ids)
-        g = sum(len(c.token_ids) for c in request_output.outputs)
-        usage = {"prompt_tokens": p, "completion_tokens": g, "total_tokens": p + g}
-        events.append(
-            _event(
-                {
-                    "request_id": request_output.request_id,
-                    "usage": usage,
-                    "output_mode": output_mode,
-                    "choices": [],
-                }
-            )
-        )
+        usage = _usage(request_output)
+        last_chunk: dict[str, Any] = {"request_id": request_output.request_id}
+        if output_mode is None:
+            last_chunk.update(choices=[], usage=usage)
+        else:
+            last_chunk.update(usage=usage, output_mode=output_mode, choices=[])
+        events.append(_event(last_chunk))
     events.append("data: [DONE]\n\n")
     return events
 
 
+def _usage(request_output: Any) -> dict[str, int]:
+    p = len(request_output.prompt_token_ids)
+    g = sum(len(c.token_ids) for c in request_output.outputs)
+    return {"prompt_tokens": p, "total_tokens": p + g, "completion_tokens": g}
+
+
 def openai_stream(
-    request_output: Any, *, chat: bool = False, chunk_tokens: int = 1, model: str = "rr-fakes"
+    request_output: Any,
+    *,
+    chat: bool = False,
+    chunk_tokens: int = 1,
+    model: str = "rr-fakes",
+    return_token_ids: bool = True,
+    include_usage: bool = False,
 ) -> list[str]:
     """The SSE events of a streamed ``/v1/completions`` (or, ``chat``, ``/v1/chat/completions``)
-    answer: token ids returned, no routes anywhere (the stream choices have no such field)."""
+    answer as vLLM 0.30's server sends it: no routes anywhere (the stream choices have no such
+    field). Completions: every choice carries ``prompt_token_ids`` (the ids on the choice's
+    first chunk, null after) and ``token_ids`` (null without ``return_token_ids``). Chat: a
+    first chunk per choice with the assistant role and empty content (``prompt_token_ids`` on
+    it, chunk-level, with ``return_token_ids``), then content chunks whose choices have
+    ``token_ids`` only with ``return_token_ids`` and ``stop_reason`` only when finished.
+    ``include_usage`` (``stream_options``) closes with a usage chunk (``choices: []``)."""
     events = []
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{request_output.request_id}"
+    head = {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": 0,
+        "model": model,
+    }
+    prompt = list(request_output.prompt_token_ids)
     for completion in request_output.outputs:
+        if chat:
+            opening: dict[str, Any] = {
+                **head,
+                "choices": [
+                    {
+                        "index": completion.index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            if return_token_ids:
+                opening.update(prompt_token_ids=prompt, prompt_text=None)
+            events.append(_event(opening))
         pieces = _pieces(list(completion.token_ids), chunk_tokens)
         for n, piece in enumerate(pieces):
             last = n == len(pieces) - 1
-            choice: dict[str, Any] = {
-                "index": completion.index,
-                "logprobs": None,
-                "finish_reason": completion.finish_reason if last else None,
-                "stop_reason": completion.stop_reason if last else None,
-                "token_ids": piece,
-            }
+            finish = completion.finish_reason if last else None
+            choice: dict[str, Any] = {"index": completion.index}
             if chat:
-                choice["delta"] = {"role": "assistant", "content": ""}
+                choice.update(delta={"content": ""}, logprobs=None, finish_reason=finish)
+                if last:
+                    choice["stop_reason"] = completion.stop_reason
+                if return_token_ids:
+                    choice["token_ids"] = piece
             else:
-                choice["text"] = ""
-            events.append(
-                _event(
-                    {
-                        "id": f"cmpl-{request_output.request_id}",
-                        "object": "chat.completion.chunk" if chat else "text_completion",
-                        "created": 0,
-                        "model": model,
-                        "choices": [choice],
-                    }
+                choice.update(
+                    text="",
+                    logprobs=None,
+                    finish_reason=finish,
+                    stop_reason=completion.stop_reason if last else None,
+                    prompt_token_ids=prompt if n == 0 and return_token_ids else None,
+                    token_ids=piece if return_token_ids else None,
                 )
-            )
+            chunk: dict[str, Any] = {**head, "choices": [choice]}
+            if last and not include_usage:
+                chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
+            events.append(_event(chunk))
+    if include_usage:
+        usage = {**head, "choices": [], "usage": _usage(request_output)}
+        events.append(_event({**usage, "system_fingerprint": SYSTEM_FINGERPRINT}))
     events.append("data: [DONE]\n\n")
     return events

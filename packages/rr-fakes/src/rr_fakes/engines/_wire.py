@@ -2,9 +2,12 @@
 
 What it mirrors (``vllm-facts.md``):
 
-- vLLM ``/v1/completions`` (non-streaming): ``choices[i].routed_experts`` is the base64 of a
-  ``.npy`` file written with ``np.save(..., allow_pickle=False)``; None when the request
-  aborted before any forward or capture is off.
+- vLLM ``/v1/completions``, ``/v1/chat/completions`` and ``/inference/v1/generate``
+  (non-streaming, read off a real vLLM 0.30 server): ``choices[i].routed_experts`` is the base64
+  of a ``.npy`` file written with ``np.save(..., allow_pickle=False)``; None when the request
+  aborted before any forward or capture is off. The OpenAI answers' ``token_ids`` are null
+  unless the request sets ``return_token_ids``; chat and generate send ``prompt_token_ids``
+  response-level (the completion choices carry it themselves).
 - SGLang (0.5.7 to 0.5.23, read in each wheel's sglang/srt): ``meta_info["routed_experts"]`` is
   the base64 of raw int32 bytes in C order with **no shape header**; ``np.frombuffer`` gives a
   read-only flat array to reshape as ``(-1, num_hidden_layers, num_experts_per_tok)``; rows cover
@@ -47,32 +50,117 @@ def decode_npy_base64(text: str) -> np.ndarray:
     return array
 
 
-def vllm_http_response(request_output: Any, *, model: str = "rr-fakes") -> dict[str, Any]:
-    """The JSON body of a non-streaming ``/v1/completions`` answer for ``request_output``
-    (built by :func:`vllm_request_output`), with token ids returned."""
-    choices = []
-    for completion in request_output.outputs:
-        routes = completion.routed_experts
-        choices.append(
-            {
-                "index": completion.index,
-                "text": completion.text,
-                "logprobs": None,
-                "finish_reason": completion.finish_reason,
-                "stop_reason": completion.stop_reason,
-                "prompt_token_ids": list(request_output.prompt_token_ids),
-                "token_ids": list(completion.token_ids),
-                "routed_experts": None if routes is None else encode_npy_base64(routes),
-            }
-        )
+#: What the emulated server names itself (``system_fingerprint``: vLLM's release and a hash).
+SYSTEM_FINGERPRINT = "vllm-0.30.0-rr-fakes"
+
+
+def _usage(request_output: Any, *, details: bool = True) -> dict[str, Any]:
     p = len(request_output.prompt_token_ids)
     g = sum(len(c.token_ids) for c in request_output.outputs)
-    return {
-        "id": f"cmpl-{request_output.request_id}",
-        "object": "text_completion",
+    usage: dict[str, Any] = {"prompt_tokens": p, "total_tokens": p + g, "completion_tokens": g}
+    if details:  # null unless --enable-prompt-tokens-details (and reasoning counts)
+        usage.update(prompt_tokens_details=None, completion_tokens_details=None)
+    return usage
+
+
+def _routes(completion: Any) -> str | None:
+    routes = completion.routed_experts
+    return None if routes is None else encode_npy_base64(routes)
+
+
+def vllm_http_response(
+    request_output: Any,
+    *,
+    model: str = "rr-fakes",
+    return_token_ids: bool = True,
+    chat: bool = False,
+) -> dict[str, Any]:
+    """The JSON body of a non-streaming ``/v1/completions`` (``chat=True``:
+    ``/v1/chat/completions``) answer for ``request_output`` (built by
+    :func:`vllm_request_output`), field for field as vLLM 0.30's server sends it.
+
+    ``routed_experts`` is in every choice (the server's ``--enable-return-routed-experts``; no
+    request field asks for it). ``return_token_ids`` is the request field: without it the
+    choices' ``token_ids`` (and the completion choices' ``prompt_token_ids``) are null. Chat
+    sends ``prompt_token_ids`` once, response-level, and its choices have a ``message``.
+    """
+    choices = []
+    for completion in request_output.outputs:
+        tokens = list(completion.token_ids) if return_token_ids else None
+        choice: dict[str, Any] = {"index": completion.index}
+        if chat:
+            choice["message"] = {
+                "role": "assistant", "content": completion.text, "refusal": None,
+                "annotations": None, "audio": None, "function_call": None, "reasoning": None,
+            }  # fmt: skip
+            choice.update(
+                logprobs=None,
+                finish_reason=completion.finish_reason or "stop",
+                stop_reason=completion.stop_reason,
+                token_ids=tokens,
+            )
+        else:
+            choice.update(
+                text=completion.text,
+                logprobs=None,
+                finish_reason=completion.finish_reason,
+                stop_reason=completion.stop_reason,
+                token_ids=tokens,
+                prompt_logprobs=None,
+                prompt_token_ids=(
+                    list(request_output.prompt_token_ids) if return_token_ids else None
+                ),
+            )
+        choice["routed_experts"] = _routes(completion)
+        choices.append(choice)
+    body: dict[str, Any] = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{request_output.request_id}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": 0,
         "model": model,
         "choices": choices,
-        "usage": {"prompt_tokens": p, "completion_tokens": g, "total_tokens": p + g},
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": _usage(request_output),
+    }
+    if chat:
+        body["prompt_logprobs"] = None
+        body["prompt_token_ids"] = (
+            list(request_output.prompt_token_ids) if return_token_ids else None
+        )
+        body["prompt_text"] = None
+    body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+    return body
+
+
+def vllm_generate_response(
+    request_output: Any, *, model: str = "rr-fakes", return_token_ids: bool = True
+) -> dict[str, Any]:
+    """The JSON body of a non-streaming ``/inference/v1/generate`` answer (vLLM 0.30, served
+    with ``--enable-scale-out``): every choice carries its ``token_ids`` and routes; the
+    prompt's ids come response-level, and only with ``return_token_ids``."""
+    choices = [
+        {
+            "index": c.index,
+            "logprobs": None,
+            "finish_reason": c.finish_reason or "stop",
+            "token_ids": list(c.token_ids),
+            "routed_experts": _routes(c),
+            "sampling_mask": None,
+        }
+        for c in request_output.outputs
+    ]
+    return {
+        "request_id": str(request_output.request_id),
+        "model": model,
+        "created": 0,
+        "choices": choices,
+        "usage": _usage(request_output),
+        "prompt_logprobs": None,
+        "prompt_token_ids": list(request_output.prompt_token_ids) if return_token_ids else None,
+        "mm_placeholders": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
     }
 
 
