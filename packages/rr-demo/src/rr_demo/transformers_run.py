@@ -39,10 +39,11 @@ def demo_families() -> tuple[str, ...]:
 
 @contextmanager
 def transformers_trainer(
-    cfg: TransformersDemoConfig, progress: Progress
+    cfg: TransformersDemoConfig, progress: Progress, checkpoint: Any = None
 ) -> Iterator[TransformersTrainer]:
     """Build the model with rr's router hooks installed (removed afterwards unless they were
-    installed before)."""
+    installed before): a random tiny model of the family, or ``checkpoint`` (an
+    ``rr_fakes.hf_checkpoints.HFCheckpoint``) loaded with ``from_pretrained`` in float32."""
     import rr_transformers
     from rr_fakes.hf_models import tiny_model
 
@@ -54,8 +55,12 @@ def transformers_trainer(
     already = rr_transformers.installed()
     rr_transformers.install()
     try:
-        progress(f"build a real transformers {cfg.family} model")
-        model = tiny_model(cfg.family, seed=cfg.seed)
+        if checkpoint is not None:
+            progress(f"load the {cfg.family} checkpoint into a real transformers model")
+            model = checkpoint.load_model(torch.float32)
+        else:
+            progress(f"build a real transformers {cfg.family} model")
+            model = tiny_model(cfg.family, seed=cfg.seed)
         family = rr_transformers.KNOWN_FAMILIES[cfg.family]
         config = model.config.get_text_config()
         num_experts, top_k = family.sizes(config)
