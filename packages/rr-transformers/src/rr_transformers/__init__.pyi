@@ -8,6 +8,7 @@ from ._attach import (
     detach as detach,
 )
 from ._errors import (
+    PackedForwardError as PackedForwardError,
     RouterHookError as RouterHookError,
     TransformersVersionError as TransformersVersionError,
     UnknownFamilyError as UnknownFamilyError,

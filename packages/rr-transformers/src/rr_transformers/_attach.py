@@ -19,6 +19,7 @@ from rr_core import ReplayController, WalkError
 from rr_transformers._errors import UnknownFamilyError
 from rr_transformers._families import Family, family_of, text_config
 from rr_transformers._install import hooked, install
+from rr_transformers._packed import forget_packed, guard_decoder
 from rr_transformers._versions import checked_version
 
 ScoreFunction = Literal["softmax", "sigmoid", "topk_softmax"]
@@ -123,9 +124,11 @@ def attach(
     layers = decoder_layers(model)
     pairs = _routers(layers, family)
     routed = controller.attach(model, walk=lambda _model: pairs)
+    guard_decoder(model, model.get_decoder(), controller)
     return Attachment(family, len(layers), routed, num_experts, top_k)
 
 
 def detach(controller: ReplayController) -> None:
     """Release the controller's routers (they route natively again)."""
+    forget_packed(controller)
     controller.detach()

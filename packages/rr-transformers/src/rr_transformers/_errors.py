@@ -3,7 +3,7 @@ expected."""
 
 from __future__ import annotations
 
-from rr_core import ReplayError, RRError, WalkError
+from rr_core import AlignmentError, ReplayError, RRError, WalkError
 
 
 class TransformersVersionError(RRError, ImportError):
@@ -17,3 +17,9 @@ class UnknownFamilyError(WalkError):
 class RouterHookError(ReplayError):
     """A router of an attached model did not reach its top-k step through rr (its code is not
     the family's own, or a kernel replaced the MoE block), so replay would be silently skipped."""
+
+
+class PackedForwardError(AlignmentError):
+    """The forward of a micro-batch armed packed would not compute the packed sequences apart
+    (a KV cache, a 2D attention mask, missing or other position ids): its logits would belong
+    to another computation than the one the routes were laid out for."""

@@ -17,6 +17,7 @@ from collections.abc import Hashable
 import torch
 
 from rr_core import AlignmentError, ReplayController, RouteBatch
+from rr_transformers._packed import expect_packed
 
 
 def routes_for_padded(
@@ -141,7 +142,12 @@ def arm_routes(
     position_ids: torch.Tensor | None = None,
 ) -> None:
     """Arm ``batch`` for one micro-batch laid out as the model will see it: padded
-    (``attention_mask`` [B, S]) or packed (``position_ids`` of one row); exactly one of them."""
+    (``attention_mask`` [B, S]) or packed (``position_ids`` of one row); exactly one of them.
+
+    The forward of a packed micro-batch is checked: it must get these ``position_ids``, no 2D
+    attention mask and no KV cache (``use_cache`` left to the config default is turned off;
+    ``use_cache=True`` or a cache raises :class:`PackedForwardError`), as transformers keeps
+    packed sequences apart only then."""
     if (attention_mask is None) == (position_ids is None):
         raise AlignmentError(
             "pass exactly one of attention_mask (a padded batch) or position_ids (a packed row)"
@@ -166,3 +172,4 @@ def arm_routes(
         replay_mask_T=replay_N,
         validate=False,  # a RouteBatch is validated when it is built
     )
+    expect_packed(controller, microbatch, routes_NLK, position_ids)
