@@ -124,7 +124,7 @@ def attach(
     layers = decoder_layers(model)
     pairs = _routers(layers, family)
     routed = controller.attach(model, walk=lambda _model: pairs)
-    guard_decoder(model, model.get_decoder(), controller)
+    guard_decoder(model, model.get_decoder(), controller)  # type: ignore[operator]
     return Attachment(family, len(layers), routed, num_experts, top_k)
 
 

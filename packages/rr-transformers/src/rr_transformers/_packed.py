@@ -112,7 +112,9 @@ def guard_decoder(model: nn.Module, decoder: nn.Module, controller: ReplayContro
     _GUARDS[decoder] = decoder.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _check(what: str, microbatch: Hashable, expected_N: torch.Tensor, given: dict) -> None:
+def _check(
+    what: str, microbatch: Hashable, expected_N: torch.Tensor, given: dict[str, Any]
+) -> None:
     where = f"{what} forward of micro-batch {microbatch!r}, armed packed (position_ids)"
     if given.get("use_cache"):
         raise PackedForwardError(

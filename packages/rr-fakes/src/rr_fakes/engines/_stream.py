@@ -169,7 +169,7 @@ def openai_stream(
                 chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
             events.append(_event(chunk))
     if include_usage:
-        usage = {**head, "choices": [], "usage": _usage(request_output)}
+        usage: dict[str, Any] = {**head, "choices": [], "usage": _usage(request_output)}
         events.append(_event({**usage, "system_fingerprint": SYSTEM_FINGERPRINT}))
     events.append("data: [DONE]\n\n")
     return events
