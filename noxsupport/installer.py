@@ -16,10 +16,9 @@ the venv's own pip (put there by uv on first use), which reads pip's configurati
 from __future__ import annotations
 
 import ast
-import shlex
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -156,9 +155,3 @@ class Installer:
             self._session.install(*self._flags, "pip", env=self._env)
             self._has_pip = True
         self._session.run("python", "-m", "pip", "install", "--quiet", *args)
-
-
-def describe(config: Mapping[str, str], flags: Iterable[str]) -> str:
-    """One line for the log: which pip sources uv was given."""
-    shown = shlex.join(list(flags)) or "(none: uv's defaults)"
-    return f"pip sources for uv from {len(config)} pip option(s): {shown}"

@@ -250,20 +250,27 @@ class ReplayFigures:
         return 1.0 - self.native_mismatches / self.pairs
 
     def row(self) -> dict[str, Any]:
-        d = self.differs_G
         return {
             "family": self.family,
             "engine dtype": self.dtype,
             "pairs": self.pairs,
             "native agreement": round(self.native_agreement, 4),
             "mismatches with replay": self.replay_mismatches,
-            "mean |dlogp| native": float(self.lp_gap_native.mean()),
-            "mean |dlogp| replay": float(self.lp_gap_replay.mean()),
-            "tokens routed differently": int(d.sum()),
-            "mean |dlogp| there, native": float(self.lp_gap_native[d].mean()) if d.any() else 0.0,
-            "mean |dlogp| there, replay": float(self.lp_gap_replay[d].mean()) if d.any() else 0.0,
+            **gap_row(self.lp_gap_native, self.lp_gap_replay, self.differs_G),
             "padded vs packed": self.padded_vs_packed,
         }
+
+
+def gap_row(native: np.ndarray, replay: np.ndarray, differs: np.ndarray) -> dict[str, Any]:
+    """The log-prob gap columns of a figures row: the mean over sampled tokens without and
+    with replay, and the same over the tokens routed differently natively."""
+    return {
+        "mean |dlogp| native": float(native.mean()),
+        "mean |dlogp| replay": float(replay.mean()),
+        "tokens routed differently": int(differs.sum()),
+        "mean |dlogp| there, native": float(native[differs].mean()) if differs.any() else 0.0,
+        "mean |dlogp| there, replay": float(replay[differs].mean()) if differs.any() else 0.0,
+    }
 
 
 _MODELS: dict[str, Any] = {}

@@ -37,7 +37,7 @@ from rr_fakes.megatron import unavailable_reason
 if unavailable_reason():
     pytest.skip(f"megatron-core does not run here: {unavailable_reason()}", allow_module_level=True)
 
-from engine_rollouts import DTYPES, Rollout, rollout
+from engine_rollouts import DTYPES, Rollout, gap_row, rollout
 
 import rr_megatron_compat as rmc
 from rr_core import ReplayController, ReplayMode
@@ -69,7 +69,6 @@ class MegatronFigures:
         return 1.0 - self.native_mismatches / self.pairs
 
     def row(self) -> dict[str, Any]:
-        d = self.differs_G
         return {
             "family": self.family,
             "engine dtype": self.dtype,
@@ -79,11 +78,7 @@ class MegatronFigures:
                 float(np.mean(list(self.controller_agreement.values()))), 4
             ),
             "mismatches with replay": sum(self.replay_mismatches_per_layer.values()),
-            "mean |dlogp| native": float(self.lp_gap_native.mean()),
-            "mean |dlogp| replay": float(self.lp_gap_replay.mean()),
-            "tokens routed differently": int(d.sum()),
-            "mean |dlogp| there, native": float(self.lp_gap_native[d].mean()) if d.any() else 0.0,
-            "mean |dlogp| there, replay": float(self.lp_gap_replay[d].mean()) if d.any() else 0.0,
+            **gap_row(self.lp_gap_native, self.lp_gap_replay, self.differs_G),
         }
 
 
