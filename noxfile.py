@@ -25,7 +25,7 @@ from noxsupport import installer, timings
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = [
-    "lint", "core", "vllm", "sglang", "megatron", "distributed", "npu", "verl", "bridge",
+    "lint", "core", "vllm", "sglang", "megatron", "distributed", "verl", "bridge",
     "transformers", "engine", "timings",
 ]  # fmt: skip
 
@@ -38,11 +38,10 @@ ALL_PACKAGES = (
 # or pass posargs, to explore new examples).
 PYTEST_DEFAULTS = ["-n", "auto", "-q", "--hypothesis-seed=0"]
 
-# Each adapter's version facts are import-free data in its _supported.py, read by path (no torch
-# import here). megatron-core lines (pinned release, pip flags, extra packages) and verl's release:
-MEGATRON_DATA = runpy.run_path(
-    str(PACKAGES / "rr-megatron-compat" / "src" / "rr_megatron_compat" / "_supported.py")
-)
+# Version facts are import-free data read by path (no torch import here): the test pins of the
+# megatron-core lines (pinned release, pip flags, extra packages), verl and bridge are the
+# harness's (rr_fakes/pins.py); each adapter's _supported.py holds its ranges and test releases.
+MEGATRON_DATA = runpy.run_path(str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "pins.py"))
 MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = MEGATRON_DATA[
     "MEGATRON_LINES"
 ]
@@ -254,9 +253,25 @@ BENCHMARKS = {
 }
 
 
+#: The benchmarks that take ``--device`` (the replay path: top-k, agreement, a training step).
+DEVICE_BENCHMARKS = ("core", "megatron", "transformers")
+
+
+def bench_device(posargs: list[str]) -> str:
+    """The ``--device`` of ``nox -s bench -- --device cuda`` (cpu when absent)."""
+    for i, arg in enumerate(posargs):
+        if arg == "--device" and i + 1 < len(posargs):
+            return posargs[i + 1]
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+    return "cpu"
+
+
 @session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
-    """Every benchmark, one process each, side by side: one table and bench-results.json."""
+    """Every benchmark, one process each, side by side: one table and bench-results.json.
+    ``nox -s bench -- --device cuda`` runs the replay benchmarks' figures (top-k, agreement,
+    the transformers step) on that device; the others stay on CPU."""
     install_verl(session)  # verl's own functions run beside rr's; its megatron-core line
     install_with_torch(
         session,
@@ -265,11 +280,18 @@ def bench(session: nox.Session) -> None:
     report_versions(session)
     runs: dict[str, Any] = {}
     tmp = Path(session.create_tmp())
+    device = bench_device(session.posargs)
     for name, script in BENCHMARKS.items():
         out = tmp / f"{name}.json"
+        extra = ["--device", device] if name in DEVICE_BENCHMARKS else []
         with out.open("w") as handle:
             session.run(
-                "python", str(PACKAGES / script), "--json", stdout=handle, stderr=sys.stderr
+                "python",
+                str(PACKAGES / script),
+                "--json",
+                *extra,
+                stdout=handle,
+                stderr=sys.stderr,
             )
         runs[name] = json.loads(out.read_text())
     figures = bench_figures(runs)
@@ -297,10 +319,23 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
     """The headline figures (names fixed: other tools read bench-results.json)."""
     core, codecs, vllm_run, mcore = runs["core"], runs["codecs"], runs["vllm"], runs["megatron"]
     verl_run, tf = runs["verl"], runs["transformers"]
+    mcore_ran = "step_s_replay_r3" in mcore  # the megatron harness runs on CPU only
     return {
+        "device": core.get("device", "cpu"),
         "replay_topk_over_native": core["replay_topk_over_native"],
+        "replay_topk_masked_over_native": core["replay_topk_masked_over_native"],
+        "replay_topk_masked_full_topk_over_native": core[
+            "replay_topk_masked_full_topk_over_native"
+        ],
+        "r3_call_agreement_threshold_over_native": core["r3_call_agreement_threshold_over_native"],
+        "r3_call_agreement_exact_over_native": core["r3_call_agreement_exact_over_native"],
         "bookkeeping_us_per_microbatch_94_layers": core["bookkeeping_us_per_microbatch_94_layers"],
-        "step_overhead_ratio_r3": mcore["step_s_replay_r3"] / mcore["step_s_replay_off"],
+        "step_overhead_ratio_r3": (
+            mcore["step_s_replay_r3"] / mcore["step_s_replay_off"] if mcore_ran else None
+        ),
+        "step_overhead_ratio_r3_exact": (
+            mcore["step_s_replay_r3_exact"] / mcore["step_s_replay_off"] if mcore_ran else None
+        ),
         "payload_bytes_per_token": {c: v["bytes_per_token"] for c, v in codecs["codecs"].items()},
         "codec_speed_vs_memcpy": {
             c: {"encode": v["encode_over_copy"], "decode": v["decode_over_copy"]}
@@ -320,6 +355,7 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
         "verl_step_overhead_dropin": verl_run["step"]["rr_dropin_over_off_cpu"],
         "verl_step_overhead_verl": verl_run["step"]["verl_over_off_cpu"],
         "transformers_step_overhead_ratio_r3": tf["step_overhead_ratio_r3"],
+        "transformers_step_overhead_ratio_r3_exact": tf["r3_exact_over_bare"],
         "transformers_step_overhead_attributed_r3": tf["attributed_overhead_ratio"]["r3"],
         "transformers_bookkeeping_us_per_microbatch_94_layers": tf[
             "bookkeeping_decoded_packed_us_per_microbatch_94_layers"
@@ -327,14 +363,28 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
         "transformers_bookkeeping_padded_us_per_microbatch_94_layers": tf[
             "bookkeeping_us_per_microbatch_94_layers"
         ],
+        "transformers_arm_padded_us_94_layers": tf["arm_routes_padded_us"],
+        "transformers_arm_padded_laid_out_us_94_layers": tf["arm_padded_laid_out_us"],
         "workloads": {
             "replay_topk_over_native": "4096 tokens x 128 experts, top-8, every row replayed",
+            "replay_topk_masked_over_native": "the same with R3's replay mask (last row native)",
+            "replay_topk_masked_full_topk_over_native": (
+                "the same mask applied after a full native top-k (before)"
+            ),
+            "r3_call_agreement_threshold_over_native": (
+                "one R3 router call through the controller, agreement by the threshold test, "
+                "over the native top-k"
+            ),
+            "r3_call_agreement_exact_over_native": "the same, agreement by a second top-k",
             "bookkeeping_us_per_microbatch_94_layers": "arm (validated upstream) + end_step",
             "step_overhead_ratio_r3": (
                 f"real GPTModel step on CPU, megatron-core {mcore['megatron_core']}, "
                 f"hidden {mcore['hidden_size']}, {mcore['sequences']} x {mcore['seq_length']} "
-                "tokens, R3 replay on / off"
-            ),
+                "tokens, R3 replay (mask, agreement reported) / rr without a controller"
+            )
+            if mcore_ran
+            else "megatron-core harness: CPU only",
+            "step_overhead_ratio_r3_exact": "the same, agreement by a second top-k",
             "payload_bytes_per_token": "Qwen3-30B-A3B: 48 MoE layers, 128 experts, top-8",
             "codec_speed_vs_memcpy": f"{codecs['tokens']} tokens of that shape vs a copy",
             "vllm_assembly_vs_memcpy": (
@@ -369,6 +419,7 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
                 f"experts top-{tf['num_experts_per_tok']}, {tf['sequences']} x "
                 f"{tf['seq_length']} tokens: R3 / rr not installed, CPU time"
             ),
+            "transformers_step_overhead_ratio_r3_exact": "the same, agreement by a second top-k",
             "transformers_step_overhead_attributed_r3": (
                 "the same, from rr's own measured costs (router calls, arm_routes, end_step)"
             ),
@@ -377,7 +428,11 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
                 "the batch as rr_vllm decodes it"
             ),
             "transformers_bookkeeping_padded_us_per_microbatch_94_layers": (
-                "the same rows right-padded (a gather into the [B*S] layout)"
+                "the same rows right-padded (armed through a row index into the batch)"
+            ),
+            "transformers_arm_padded_us_94_layers": "arm_routes of that padded batch",
+            "transformers_arm_padded_laid_out_us_94_layers": (
+                "the same laid out row by row first, then armed (before)"
             ),
         },
         "runs": runs,
@@ -386,11 +441,20 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
 
 def bench_table(figures: dict[str, Any]) -> str:
     rows = [
-        (name, f"{figures[name]:.4g}", figures["workloads"][name])
+        (
+            name,
+            "n/a" if figures[name] is None else f"{figures[name]:.4g}",
+            figures["workloads"][name],
+        )
         for name in (
             "replay_topk_over_native",
+            "replay_topk_masked_over_native",
+            "replay_topk_masked_full_topk_over_native",
+            "r3_call_agreement_threshold_over_native",
+            "r3_call_agreement_exact_over_native",
             "bookkeeping_us_per_microbatch_94_layers",
             "step_overhead_ratio_r3",
+            "step_overhead_ratio_r3_exact",
             "vllm_assembly_vs_memcpy",
             "vllm_datapath_vs_memcpy",
             "vllm_datapath_fresh_buffer_vs_memcpy",
@@ -399,11 +463,15 @@ def bench_table(figures: dict[str, Any]) -> str:
             "verl_step_overhead_dropin",
             "verl_step_overhead_verl",
             "transformers_step_overhead_ratio_r3",
+            "transformers_step_overhead_ratio_r3_exact",
             "transformers_step_overhead_attributed_r3",
             "transformers_bookkeeping_us_per_microbatch_94_layers",
             "transformers_bookkeeping_padded_us_per_microbatch_94_layers",
+            "transformers_arm_padded_us_94_layers",
+            "transformers_arm_padded_laid_out_us_94_layers",
         )
     ]
+    rows.insert(0, ("device", figures["device"], "where the replay figures ran"))
     for codec, size in figures["payload_bytes_per_token"].items():
         speed = figures["codec_speed_vs_memcpy"][codec]
         rows.append(
@@ -420,7 +488,8 @@ def bench_table(figures: dict[str, Any]) -> str:
 @session(python="3.11")
 @nox.parametrize("line", list(MEGATRON_LINES), ids=list(MEGATRON_LINES))
 def megatron(session: nox.Session, line: str) -> None:
-    """Real megatron-core on CPU, one pinned release per line: harness, compat and demo tests."""
+    """Real megatron-core on CPU, one pinned release per line: harness, compat and demo tests;
+    on the lines MindSpeed users run, rr-npu on the emulated Ascend stack too (``npu``)."""
     release, flags, extras = MEGATRON_LINES[line]
     install_with_torch(
         session,
@@ -443,6 +512,8 @@ def megatron(session: nox.Session, line: str) -> None:
         tests = [t for t in MEGATRON_TESTS if t != DEMO_TESTS]  # --ignore skips no named folder
         leave_out = (*leave_out, HARNESS_LAUNCH_TESTS)
     session.run("pytest", *selection(tests, *leave_out), *args)
+    if line in NPU_LINES:  # in this venv: a venv and torch install fewer per line
+        run_npu_tests(session)
 
 
 DISTRIBUTED_LINES = (next(iter(MEGATRON_LINES)), list(MEGATRON_LINES)[-1])  # oldest, newest
@@ -478,18 +549,23 @@ NPU_TESTS = [
 ]
 
 
-@session(python="3.11")
-@nox.parametrize("line", list(NPU_LINES), ids=list(NPU_LINES))
-def npu(session: nox.Session, line: str) -> None:
-    """rr-npu on the emulated Ascend stack (MindSpeed, torch_npu) over real megatron-core."""
-    release, flags, extras = MEGATRON_LINES[line]
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+def run_npu_tests(session: nox.Session) -> None:
+    """rr-npu installed into a venv that has megatron-core, then its line-dependent tests."""
     install_with_torch(
         session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-npu")
     )
+    session.run("pytest", *selection(NPU_TESTS), *(session.posargs or PYTEST_DEFAULTS))
+
+
+@session(python="3.11", default=False)
+@nox.parametrize("line", list(NPU_LINES), ids=list(NPU_LINES))
+def npu(session: nox.Session, line: str) -> None:
+    """rr-npu on the emulated Ascend stack (MindSpeed, torch_npu) over real megatron-core, alone
+    (a default run has the megatron session of each of these lines run these tests)."""
+    release, flags, extras = MEGATRON_LINES[line]
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     report_versions(session)
-    args = session.posargs or PYTEST_DEFAULTS
-    session.run("pytest", *selection(NPU_TESTS), *args)
+    run_npu_tests(session)
 
 
 @session(python="3.11", default=False)
@@ -509,6 +585,8 @@ VERL_TESTS = [
     PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_install.py",
     PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_engine.py",
     PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl.py",
+    PACKAGES / "rr-transformers" / "tests" / "verl",  # verl's FSDP engine over transformers
+    ROOT / "tests" / "test_adapter_protocol.py",  # every framework at once: verl's venv has them
 ]
 
 
@@ -529,7 +607,9 @@ def verl(session: nox.Session) -> None:
     MegatronEngineWithLMHead.forward_backward_batch, PP=2 (x VPP=2) on two gloo processes."""
     install_verl(session)
     install_with_torch(
-        session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm")
+        session,
+        *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm"),
+        *editable("rr-npu", "rr-transformers"),  # the adapter protocol test drives every adapter
     )
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
@@ -586,7 +666,7 @@ def transformers(session: nox.Session) -> None:
     for release in releases:
         install_with_torch(session, f"transformers=={release}", *TRANSFORMERS_DATA["TEST_DEPS"])
         report_versions(session)
-        tests = selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS)
+        tests = selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS, *VERL_TESTS)
         session.run("pytest", *tests, *args)
         if not session.posargs:  # posargs name what to run
             run_ranked_tests(session, str(TRANSFORMERS_DISTRIBUTED_TESTS))

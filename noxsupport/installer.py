@@ -125,9 +125,9 @@ class Installer:
     def uninstall(self, *names: str) -> None:
         """Remove ``names`` from the venv (those not installed are skipped)."""
         if self._uv:
-            self._session.run("uv", "pip", "uninstall", *names, env=self._env)
+            self._session.run_install("uv", "pip", "uninstall", *names, env=self._env)
         else:
-            self._session.run("python", "-m", "pip", "uninstall", "--yes", *names)
+            self._session.run_install("python", "-m", "pip", "uninstall", "--yes", *names)
 
     def with_torch(self, *args: str) -> None:
         """Install torch first (once per venv), then ``args`` constrained to that torch."""
@@ -139,7 +139,7 @@ class Installer:
         """A constraints file pinning the exact torch this venv holds, installed on first use."""
         if self._constraint is None:
             self.install(TORCH)
-            version = self._session.run(
+            version = self._session.run_install(
                 "python", "-c", "import importlib.metadata as m; print(m.version('torch'))",
                 silent=True,
             )  # fmt: skip
@@ -154,4 +154,4 @@ class Installer:
         if not self._has_pip:
             self._session.install(*self._flags, "pip", env=self._env)
             self._has_pip = True
-        self._session.run("python", "-m", "pip", "install", "--quiet", *args)
+        self._session.run_install("python", "-m", "pip", "install", "--quiet", *args)

@@ -59,6 +59,11 @@ class Stopwatch:
         with self._timed(_kind(args)):
             return self._session.run(*args, **kwargs)
 
+    def run_install(self, *args: Any, **kwargs: Any) -> Any:
+        """A command that installs (it runs under ``nox --install-only`` too)."""
+        with self._timed("install"):
+            return self._session.run_install(*args, **kwargs)
+
 
 def record(path: Path, name: str, watch: Stopwatch, ok: bool) -> None:
     """Append one session's figures to ``path`` (one JSON object a line)."""

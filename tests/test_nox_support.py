@@ -79,6 +79,11 @@ class FakeSession:
         self.calls.append(("run", args, kwargs))
         return self._torch if "import importlib.metadata as m" in " ".join(args) else None
 
+    def run_install(self, *args: str, **kwargs: Any) -> str | None:
+        """Every command the installer runs: under ``nox --install-only`` only these run."""
+        self.calls.append(("run_install", args, kwargs))
+        return self._torch if "import importlib.metadata as m" in " ".join(args) else None
+
     def create_tmp(self) -> str:
         return str(self._tmp)
 
@@ -107,7 +112,7 @@ def test_requires_python_override_goes_to_the_venvs_pip(tmp_path: Path) -> None:
     tool.install("--ignore-requires-python", "megatron-core==0.19.2")
     tool.install("--ignore-requires-python", "megatron-bridge==0.6.2")
     assert [c[1] for c in session.calls if c[0] == "install"] == [("pip",)]  # pip put in once
-    pip_runs = [c[1] for c in session.calls if c[0] == "run"]
+    pip_runs = [c[1] for c in session.calls if c[0] == "run_install"]
     assert all(r[:4] == ("python", "-m", "pip", "install") for r in pip_runs)
     assert pip_runs[-1][-1] == "megatron-bridge==0.6.2"
 

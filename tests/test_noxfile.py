@@ -34,6 +34,9 @@ class Recorder:
     def install(self, *_: str) -> None:
         pass
 
+    def run_install(self, *_: str, **__: Any) -> None:
+        pass  # installs (pip runs, torch version read): not test runs
+
     def log(self, *_: Any) -> None:
         pass
 

@@ -11,8 +11,13 @@ ROOT = Path(__file__).parents[1]
 PACKAGES = ROOT / "packages"
 
 
-def data(package: str, module: str) -> dict[str, object]:
-    return runpy.run_path(str(PACKAGES / package / "src" / module / "_supported.py"))
+def data(package: str, module: str, name: str = "_supported.py") -> dict[str, object]:
+    return runpy.run_path(str(PACKAGES / package / "src" / module / name))
+
+
+def pins() -> dict[str, object]:
+    """The harness's test pins (megatron-core lines, verl, bridge)."""
+    return data("rr-fakes", "rr_fakes", "pins.py")
 
 
 def rows() -> dict[str, str]:
@@ -33,7 +38,7 @@ def releases(cell: str) -> list[str]:
 
 
 def test_megatron_rows_name_the_pinned_releases() -> None:
-    lines = data("rr-megatron-compat", "rr_megatron_compat")["MEGATRON_LINES"]
+    lines = pins()["MEGATRON_LINES"]
     pinned = [release for release, _, _ in lines.values()]  # type: ignore[attr-defined]
     assert releases(row("megatron-core 0.12.3, 0.13.1")) == pinned
     npu_lines = data("rr-npu", "rr_npu")["MEGATRON_LINES"]
@@ -45,7 +50,7 @@ def test_megatron_rows_name_the_pinned_releases() -> None:
 def test_engine_model_and_bridge_rows_name_the_pinned_releases() -> None:
     transformers = data("rr-transformers", "rr_transformers")["TRANSFORMERS_LINES"]
     assert releases(row("transformers")) == list(transformers.values())  # type: ignore[attr-defined]
-    mcore = data("rr-megatron-compat", "rr_megatron_compat")
+    mcore = pins()
     bridge = row("Megatron-Bridge")
     line = mcore["MEGATRON_LINES"][mcore["BRIDGE_MEGATRON_LINE"]][0]  # type: ignore[index]
     assert releases(bridge) == [mcore["BRIDGE_RELEASE"], line]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -9,6 +11,19 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rr_core import router_topk
+
+
+def rr_without_torch(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``rr argv`` in a fresh interpreter (its exit code is the command's), checked to have
+    imported no torch and raised nothing."""
+    code = (
+        "import sys; from rr_core.cli.main import main; code = main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
 
 #: TinyModel's default sizes: E experts, K top-k, H hidden.
 E, K, H = 6, 2, 8

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from rr_core.errors import AlignmentError, RouteValidationError
 from rr_core.replay.align import align_routes, pad_rows, replay_mask_for_lengths, truncate_routes
 from rr_core.routes.batch import RouteBatch, RouteMeta
+from rr_core.routes.rows import check_route_rows, expected_route_rows
 
 SETTINGS = settings(max_examples=100, deadline=None)
 
@@ -49,10 +50,42 @@ def test_D1_prompt_start_rows_invalid() -> None:
     assert torch.equal(routes[2:5], _rows(3))
     assert not routes[:2].any()
     assert not routes[5].any()
-    routes, mask = align_routes(_rows(4), 6, prompt_start=2)
-    assert mask.tolist() == [False, False, True, True, True, True]
-    with pytest.raises(AlignmentError, match=r"N=5 .* T=6 .* prompt_start=2; expected 3 or 4"):
+    with pytest.raises(AlignmentError, match=r"N=5 .* T=6 .* prompt_start=2; expected 3 \("):
         align_routes(_rows(5), 6, prompt_start=2)
+
+
+def test_G4_one_row_more_from_a_prompt_start_is_refused() -> None:
+    """T - prompt_start rows from prompt_start > 0 are the answer of a request sent with
+    prompt_start - 1 (P - 1 for P on vLLM 0.22-0.29): read from prompt_start, every row would
+    land one token late, so they are refused, as rr_vllm's decoders refuse them."""
+    P, G = 4, 3
+    answer = _rows(P + G - 1 - (P - 1))  # sent P - 1: the last prompt token's row comes too
+    with pytest.raises(AlignmentError, match=r"sent with prompt_start=3.*G4"):
+        align_routes(answer, P + G, prompt_start=P)
+    routes, mask = align_routes(answer, P + G, prompt_start=P - 1)  # the start that was sent
+    assert mask.tolist() == [False, False, False, True, True, True, False]
+    assert torch.equal(routes[P - 1 : P + G - 1], answer)
+
+
+@pytest.mark.parametrize(
+    ("T", "start", "rows"), [(5, 0, 4), (6, 2, 3), (3, 3, 0), (1, 0, 0), (0, 0, 0), (7, 6, 0)]
+)
+def test_expected_route_rows_is_the_t_minus_1_rule(T: int, start: int, rows: int) -> None:
+    assert expected_route_rows(T, prompt_start=start) == rows
+    check_route_rows(rows, T, prompt_start=start)
+    with pytest.raises(AlignmentError, match="D1"):
+        check_route_rows(rows + 2, T, prompt_start=start)
+    if 0 < start < T:  # one row more: G4
+        with pytest.raises(AlignmentError, match="G4"):
+            check_route_rows(rows + 1, T, prompt_start=start)
+    else:  # a route for every token (start 0), or none left (start T)
+        check_route_rows(T - start, T, prompt_start=start)
+
+
+@pytest.mark.parametrize(("T", "start"), [(-1, 0), (3, 4), (3, -1)])
+def test_expected_route_rows_bounds(T: int, start: int) -> None:
+    with pytest.raises(AlignmentError, match=rf"num_tokens={T}, prompt_start={start}"):
+        expected_route_rows(T, prompt_start=start)
 
 
 def test_prompt_start_bounds() -> None:
@@ -87,6 +120,10 @@ def test_D1_align_property(T: int, prompt_start: int, missing_last: bool) -> Non
     if prompt_start > T or (missing_last and prompt_start == T):
         return
     N = T - prompt_start - (1 if missing_last else 0)
+    if not missing_last and 0 < prompt_start < T:  # one row more from a start: G4, refused
+        with pytest.raises(AlignmentError, match="G4"):
+            align_routes(_rows(N), T, prompt_start=prompt_start)
+        return
     routes, mask = align_routes(_rows(N), T, prompt_start=prompt_start)
     assert int(mask.sum()) == N
     assert torch.equal(routes[mask], _rows(N))

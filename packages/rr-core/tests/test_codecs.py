@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -214,26 +215,11 @@ def test_corrupt_payloads_raise() -> None:
     batch = RouteBatch(torch.tensor([[[3, 7]]]), [0, 1], None, meta)
     for codec in ("packed", "set"):
         enc = encode_routes(batch, codec)
-        bad = EncodedRoutes(
-            codec=enc.codec,
-            meta=meta,
-            num_rows=1,
-            offsets_B1=enc.offsets_B1,
-            valid_bits=enc.valid_bits,
-            payload=torch.full_like(enc.payload, 255),
-        )
+        assert (enc.meta, enc.num_rows) == (meta, 1)
         with pytest.raises(CodecError, match="corrupt"):
-            decode_routes(bad)
-        short = EncodedRoutes(
-            codec=enc.codec,
-            meta=meta,
-            num_rows=1,
-            offsets_B1=enc.offsets_B1,
-            valid_bits=enc.valid_bits,
-            payload=enc.payload[:-1],
-        )
+            decode_routes(dataclasses.replace(enc, payload=torch.full_like(enc.payload, 255)))
         with pytest.raises(CodecError, match="bytes"):
-            decode_routes(short)
+            decode_routes(dataclasses.replace(enc, payload=enc.payload[:-1]))
 
 
 @pytest.mark.parametrize("width", range(1, 8))

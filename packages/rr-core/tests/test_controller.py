@@ -22,6 +22,15 @@ def random_routes(t: int, layers: int, seed: int = 2) -> torch.Tensor:
     return distinct_ids(t, layers, num_experts=E, top_k=K, seed=seed, dtype=torch.uint8)
 
 
+def _replaying(controller: ReplayController) -> tuple[TinyModel, tuple[int, ...]]:
+    """A two-layer TinyModel attached to ``controller``, which is set to replay, and its
+    layer numbers."""
+    model = TinyModel(num_layers=2)
+    layers = controller.attach(model)
+    controller.set_mode(ReplayMode.REPLAY)
+    return model, layers
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
@@ -85,9 +94,7 @@ def test_B4_replaying_other_ids_uses_exactly_them_and_gradients_reach_them(
 
 
 def test_agreement_is_below_one_when_replay_changes_routing(controller: ReplayController) -> None:
-    model = TinyModel(num_layers=2)
-    layers = controller.attach(model)
-    controller.set_mode(ReplayMode.REPLAY)
+    model, layers = _replaying(controller)
     controller.arm(0, random_routes(64, len(layers)), layer_numbers=layers)
     model(tokens(64))
     agreement = controller.agreement()
@@ -122,9 +129,7 @@ def test_B3_relaxed_mode_warns_and_routes_natively() -> None:
 def test_targets_with_wrong_token_count_raise_naming_layer_and_microbatch(
     controller: ReplayController,
 ) -> None:
-    model = TinyModel(num_layers=2)
-    layers = controller.attach(model)
-    controller.set_mode(ReplayMode.REPLAY)
+    model, layers = _replaying(controller)
     controller.arm(7, random_routes(5, len(layers)), layer_numbers=layers)
     with (
         controller.microbatch(7),
@@ -181,9 +186,7 @@ def test_D1_last_row_without_route_goes_to_the_native_router(controller: ReplayC
 
 
 def test_B2_forward_only_pass_leaves_nothing_behind(controller: ReplayController) -> None:
-    model = TinyModel(num_layers=2)
-    layers = controller.attach(model)
-    controller.set_mode(ReplayMode.REPLAY)
+    model, layers = _replaying(controller)
     old = random_routes(4, len(layers), seed=10)
     controller.arm(0, old, layer_numbers=layers)
     with torch.no_grad():  # log-prob pass
@@ -411,9 +414,7 @@ def test_D5_sequence_parallel_padding_rows_route_natively_and_real_rows_do_not_s
 ) -> None:
     from rr_core import pad_rows
 
-    model = TinyModel(num_layers=2)
-    layers = controller.attach(model)
-    controller.set_mode(ReplayMode.REPLAY)
+    model, layers = _replaying(controller)
     routes = random_routes(5, 2)
     padded, mask = pad_rows(routes, torch.ones(5, dtype=torch.bool), 4)
     assert padded.shape[0] == 8

@@ -342,26 +342,24 @@ def test_deepseek_v3_dense_first_list_freq() -> None:
         moe_ordinal(cfg, 62)
 
 
-def test_embedding_and_loss_accounting_pp4_14_layers() -> None:
-    cfg = LayoutConfig(
-        num_layers=14,
-        pp_size=4,
+def _accounting(**sizes: int) -> LayoutConfig:
+    """A layout whose pipeline split counts the embedding and the loss as a layer each."""
+    return LayoutConfig(
+        **sizes,
         account_for_embedding_in_pipeline_split=True,
         account_for_loss_in_pipeline_split=True,
     )
+
+
+def test_embedding_and_loss_accounting_pp4_14_layers() -> None:
+    cfg = _accounting(num_layers=14, pp_size=4)
     assert virtual_stage_layer_counts(cfg) == (3, 4, 4, 3)
     assert [layer_offset(cfg, r) for r in range(4)] == [0, 3, 7, 11]
     assert stage_layer_numbers(cfg, 3) == (12, 13, 14)
 
 
 def test_embedding_and_loss_accounting_with_vpp() -> None:
-    cfg = LayoutConfig(
-        num_layers=6,
-        pp_size=2,
-        vp_size=2,
-        account_for_embedding_in_pipeline_split=True,
-        account_for_loss_in_pipeline_split=True,
-    )
+    cfg = _accounting(num_layers=6, pp_size=2, vp_size=2)
     assert virtual_stage_layer_counts(cfg) == (1, 2, 2, 1)
     assert [layer_offset(cfg, p, v) for p, v in stages_in_order(cfg)] == [0, 1, 3, 5]
 

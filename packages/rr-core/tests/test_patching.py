@@ -59,3 +59,30 @@ def test_stacked_patches_unwind_to_the_start(names: list[str]) -> None:
         patches.set(module, name, f"rr{i}")
     assert patches.restore() == len(names)
     assert vars(module) == before
+
+
+def test_a_wrapper_dropped_by_a_repatch_is_replaced_and_uninstall_leaves_the_repatch() -> None:
+    from rr_core.patching import RRWrapper
+
+    def op() -> str:
+        return "original"
+
+    def theirs() -> str:
+        return "theirs"
+
+    def louder(wrapped, instance, args, kwargs):  # type: ignore[no-untyped-def]
+        return wrapped(*args, **kwargs).upper()
+
+    module = types.SimpleNamespace(op=op)
+    patches = Patches()
+    first = patches.wrap(module, "op", louder)
+    assert patches.wrap(module, "op", louder) is first  # already rr's: nothing wrapped twice
+    module.op = theirs  # another library's re-patch drops rr's wrapper
+    assert not patches.in_place()
+    second = patches.wrap(module, "op", louder)
+    assert (module.op(), patches.in_place(), len(patches)) == ("THEIRS", True, 1)
+    assert not first.rr_active  # the dropped wrapper passes calls through
+    assert patches.restore() == 1
+    assert module.op is theirs  # their re-patch stays: rr puts back what it wrapped
+    assert isinstance(second, RRWrapper)
+    assert not second.rr_active

@@ -148,3 +148,39 @@ def test_verify_names_the_file_once(record: Path, capsys: pytest.CaptureFixture[
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"FAIL {record}: checksum mismatch")
     assert line.count("run.rr") == 1
+
+
+PROVENANCE = {
+    "engine": "sglang",
+    "engine_version": "0.5.23",
+    "routing_precision": "float32",
+    "speculative": "none",
+    "prefix_caching": True,
+    "id_dtype": "int32",
+}
+
+
+def test_inspect_shows_provenance_and_convert_keeps_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = random_batch(np.random.default_rng(4), 64, 4, lengths=[5, 3], layers=2)
+    path = save_routes(tmp_path / "sg.rr", batch, provenance=PROVENANCE)
+    assert _cli.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.strip().startswith("provenance"))
+    assert 'engine "sglang"' in line
+    assert 'engine_version "0.5.23"' in line
+    assert "prefix_caching true" in line
+    assert 'speculative "none"' in line
+    assert _cli.main(["inspect", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["provenance"] == PROVENANCE
+    converted = tmp_path / "sg-raw.rr"
+    assert _cli.main(["convert", str(path), str(converted), "--codec", "raw"]) == 0
+    assert read_header(converted).provenance == PROVENANCE
+
+
+def test_inspect_of_a_file_without_provenance_says_so(
+    record: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _cli.main(["inspect", str(record)]) == 0
+    assert "provenance not recorded" in capsys.readouterr().out

@@ -147,7 +147,12 @@ def test_tensors_that_contradict_the_metadata_name_the_field(record: Path, tmp_p
         ({"sample_ids": "[true, 2]"}, {}, "sample_ids .*ints or strings"),
         ({"sample_ids": "{"}, {}, "sample_ids is '{', expected JSON"),
         ({"producer": '{"engine": 3}'}, {}, "producer"),
-        ({"rr.format_version": "2"}, {}, "format version '2'.*upgrade rr-core"),
+        ({"rr.format_version": "3"}, {}, "format version '3'.*reads versions 1, 2.*upgrade"),
+        ({"provenance": "[1]"}, {}, "provenance must be a mapping"),
+        ({"provenance": "{"}, {}, "provenance is '{', expected a JSON object"),
+        ({"provenance": '{"prefix_caching": "yes"}'}, {}, "'prefix_caching' is 'yes' .*bool"),
+        ({"provenance": '{"engine": 3}'}, {}, "'engine' is 3 .*expected str"),
+        ({"provenance": '{"extra": [1]}'}, {}, "'extra' is \\[1\\]"),
     ]
     for i, (metadata, tensors, match) in enumerate(cases):
         bad = rewrite(record, tmp_path / f"case{i}.rr", metadata, tensors)
@@ -253,3 +258,42 @@ def test_an_allocation_that_fails_while_decoding_is_a_record_error(
     monkeypatch.setattr(record_file, "decode_routes", out_of_memory)
     with pytest.raises(RecordFileError, match=r"good\.rr: cannot decode 11 rows x 3 layer slots"):
         load_routes(record, device="cpu")
+
+
+def test_version_1_files_still_read_with_no_provenance(record: Path, tmp_path: Path) -> None:
+    md, ts = parts(record)
+    assert md["rr.format_version"] == "2"
+    assert json.loads(md["provenance"]) == {}
+    md.pop("provenance")
+    md["rr.format_version"] = "1"
+    md["checksum"] = _checksum(md, ts)
+    old = tmp_path / "v1.rr"
+    old.write_bytes(save(ts, metadata=md))
+    assert load_routes(old).equal(load_routes(record))
+    assert read_header(old).provenance == {}
+    # A version-2 file without its provenance is refused: the key belongs to the version.
+    md["rr.format_version"] = "2"
+    md["checksum"] = _checksum(md, ts)
+    (tmp_path / "v2.rr").write_bytes(save(ts, metadata=md))
+    with pytest.raises(RecordFileError, match="provenance is None, expected present"):
+        read_header(tmp_path / "v2.rr")
+
+
+def test_provenance_round_trips_and_bad_values_are_refused_at_write(tmp_path: Path) -> None:
+    batch = random_batch(np.random.default_rng(2), 16, 2, lengths=[3], layers=2)
+    given = {"engine": "vllm", "engine_version": "0.33.0", "prefix_caching": False}
+    given |= {"speculative": None, "id_dtype": "uint8", "max_bytes": 96000000}
+    path = save_routes(tmp_path / "p.rr", batch, provenance=given)
+    assert read_header(path).provenance == given
+    assert read_record(path)[0].provenance == given
+    for bad, match in (
+        ({"prefix_caching": 1}, "'prefix_caching' is 1 .*expected bool"),
+        ({"engine_version": 0.33}, "'engine_version' is 0.33 .*expected str"),
+        ({3: "x"}, "provenance key 3 is not a string"),
+        ({"nested": {"a": 1}}, "'nested' is"),
+    ):
+        with pytest.raises(RecordFileError, match=match):
+            save_routes(tmp_path / "bad.rr", batch, provenance=bad)  # type: ignore[dict-item]
+        assert not (tmp_path / "bad.rr").exists()
+    shard = write_shard(tmp_path / "shards", 0, batch, sample_ids=["s"], provenance=given)
+    assert read_header(shard).provenance == given

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rr_core
 from rr_core.errors import LayoutError, RouteValidationError
 from rr_core.routes.axis import LayerAxis
 from rr_core.routes.batch import RouteBatch, RouteMeta, narrow_ids, narrowest_dtype
@@ -339,15 +340,36 @@ def test_offsets_and_valid_must_be_consistent() -> None:
     _raises("valid_N must be a bool mask", _good(), [0, 5], valid=torch.ones(5))
 
 
-def test_out_of_range_ids_name_sequence_row_and_layer() -> None:
+@pytest.mark.parametrize(
+    ("row", "slot", "ids", "message"),
+    [
+        pytest.param(
+            3,
+            2,
+            [1, 8],
+            r"sequence 1, token row 1 \(global row 3\), layer 3 \(slot 2\): expert ids "
+            r"\[1, 8\] are outside \[0, 8\)",
+            id="out of range",
+        ),
+        pytest.param(
+            4,
+            1,
+            [6, 6],
+            r"sequence 1, token row 2 \(global row 4\), layer 2 \(slot 1\): expert ids "
+            r"\[6, 6\] repeat an id; a valid row needs top_k=2 distinct",
+            id="repeated",
+        ),
+    ],
+)
+def test_bad_ids_name_sequence_row_and_layer(
+    row: int, slot: int, ids: list[int], message: str
+) -> None:
     v = _good()
-    v[3, 2] = torch.tensor([1, 8])
-    _raises(
-        r"sequence 1, token row 1 \(global row 3\), layer 3 \(slot 2\): expert ids \[1, 8\] are "
-        r"outside \[0, 8\)",
-        v,
-        [0, 2, 5],
-    )
+    v[row, slot] = torch.tensor(ids)
+    _raises(message, v, [0, 2, 5])
+
+
+def test_out_of_range_int16_ids_name_sequence_row_and_layer() -> None:
     v16 = _good().to(torch.int16)
     v16[0, 1, 0] = -3
     _raises(r"sequence 0, token row 0 .* layer 2 .* \[-3, 2\]", v16, [0, 5], meta=_meta(E=300))
@@ -358,17 +380,6 @@ def test_out_of_range_ids_on_invalid_rows_are_ignored() -> None:
     v[3, 2] = torch.tensor([9, 9])
     valid = torch.tensor([True, True, True, False, True])
     RouteBatch(v, [0, 2, 5], valid, _meta())
-
-
-def test_repeated_ids_name_sequence_row_and_layer() -> None:
-    v = _good()
-    v[4, 1] = torch.tensor([6, 6])
-    _raises(
-        r"sequence 1, token row 2 \(global row 4\), layer 2 \(slot 1\): expert ids \[6, 6\] "
-        r"repeat an id; a valid row needs top_k=2 distinct",
-        v,
-        [0, 2, 5],
-    )
 
 
 def test_nonzero_dense_slot_rejected() -> None:
@@ -589,3 +600,34 @@ def test_from_sequences_needs_a_sequence(bad: object) -> None:
     meta = RouteMeta(num_experts=8, top_k=2, layer_axis="moe_layers", layer_numbers=(1, 2))
     with pytest.raises(RouteValidationError, match="seqs must be a sequence of"):
         RouteBatch.from_sequences(bad, meta)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "num_experts", "holds"),
+    [
+        (torch.uint8, 256, True),
+        (torch.uint8, 257, False),
+        (torch.int8, 128, True),
+        (torch.int8, 129, False),
+        (torch.int16, 32768, True),
+        (torch.int16, 32769, False),
+        (torch.int32, 32769, True),
+        (torch.float32, 8, False),  # floats and bools hold no ids at all
+        (torch.bool, 2, False),
+    ],
+)
+def test_holds_ids_says_whether_every_id_below_e_fits(
+    dtype: torch.dtype, num_experts: int, holds: bool
+) -> None:
+    assert rr_core.holds_ids(dtype, num_experts) is holds
+
+
+def test_slot_of_finds_a_layer_on_any_axis_and_names_the_axis_when_absent() -> None:
+    every = RouteMeta(num_experts=8, top_k=2, layer_axis="all_layers", layer_numbers=(1, 2, 3, 4))
+    assert [every.slot_of(n) for n in (1, 2, 3, 4)] == [0, 1, 2, 3]
+    stage = RouteMeta(num_experts=8, top_k=2, layer_axis="moe_layers", layer_numbers=(5, 7, 9))
+    assert stage.slot_of(7) == 1  # not layer - 1: a stage's MoE layers
+    with pytest.raises(LayoutError, match=r"layer 6 is not on this moe_layers axis.*\[5, 7, 9\]"):
+        stage.slot_of(6)
+    with pytest.raises(LayoutError, match="layer must be an int; got True"):
+        stage.slot_of(True)

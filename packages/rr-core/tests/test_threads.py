@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rr_core._threads import over_ranges
+from rr_core.threads import over_ranges
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

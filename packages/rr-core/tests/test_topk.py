@@ -38,12 +38,27 @@ def test_replay_yields_exactly_the_targets_with_values_from_the_scores(
     for out in (
         replay_topk(scores, k, target_ids_TK=targets, replay_mask_T=mask),
         replay_topk(scores, k, target_ids_TK=targets, replay_mask_T=mask, native_rows_N=rows),
+        replay_topk(
+            scores, k, target_ids_TK=targets, replay_mask_T=mask, native_ids_TK=native.ids_TK
+        ),
     ):
         assert torch.equal(out.ids_TK[mask], targets[mask].long())
         assert torch.equal(out.ids_TK[~mask], native.ids_TK[~mask])
         assert torch.equal(out.values_TK, scores.gather(1, out.ids_TK))
         out.values_TK.sum().backward(retain_graph=True)
         assert logits.grad is not None
+
+
+def test_masked_replay_never_writes_the_callers_targets() -> None:
+    # int64 targets on the scores' device are used as they are: the native rows must go to a
+    # copy, or the armed routes would carry native ids into the next call
+    scores = torch.softmax(torch.randn(6, 8, generator=torch.Generator().manual_seed(3)), -1)
+    targets = torch.tensor([[7, 6]] * 6)
+    before = targets.clone()
+    mask = torch.tensor([True, True, False, True, True, False])
+    out = replay_topk(scores, 2, target_ids_TK=targets, replay_mask_T=mask)
+    assert torch.equal(targets, before)
+    assert torch.equal(out.ids_TK[~mask], scores.topk(2).indices[~mask])
 
 
 def test_B4_gradient_reaches_replayed_experts_the_native_router_did_not_pick() -> None:

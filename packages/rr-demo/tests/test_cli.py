@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import rr_demo.run
+import rr_demo.chain
 from rr_core.cli.main import main
 from rr_demo import DemoResult
 from rr_demo.cli import figure, render
@@ -63,7 +63,7 @@ def noisy_demo(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             print("a stray print")
         return fake_result()
 
-    monkeypatch.setattr(rr_demo.run, "run_demo", run_demo)
+    monkeypatch.setattr(rr_demo.chain, "run_demo", run_demo)
     return calls
 
 
@@ -81,6 +81,27 @@ def test_a_plot_into_a_missing_directory_is_refused_before_the_run(
     assert main(["demo", "--plot", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
     assert noisy_demo == []
+
+
+def test_a_plot_without_matplotlib_is_refused_naming_the_extra(
+    noisy_demo: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def without_matplotlib(name: str, *args: Any) -> Any:
+        return None if name == "matplotlib" else find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_matplotlib)
+    assert main(["demo", "--plot", str(tmp_path / "x.png")]) == 2
+    assert noisy_demo == []
+    assert capsys.readouterr().err.strip() == (
+        "rr demo: --plot needs matplotlib: pip install 'rr-demo[plot]'"
+    )
 
 
 def test_the_screen_holds_the_figures_and_the_bar_only(
@@ -152,3 +173,13 @@ def test_the_plot_names_layers_and_labels_the_zero_bars_of_replay() -> None:
         assert ax.get_xlabel().startswith("MoE layer")
     finally:
         plt.close(fig)
+
+
+def test_an_unknown_engine_name_is_an_rr_error_naming_the_choices() -> None:
+    from rr_core import RRError
+    from rr_demo.chain import choose_engine
+
+    with pytest.raises(RRError, match=r"engine 'sglang'; choose one of auto, vllm, emulated"):
+        choose_engine("sglang")
+    choice = choose_engine("emulated")
+    assert (choice.engine, choice.reason) == ("emulated", "chosen with --engine emulated")

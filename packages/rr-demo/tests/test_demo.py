@@ -11,7 +11,7 @@ from importlib.metadata import version
 import pytest
 
 from rr_demo import DemoConfig, run_demo
-from rr_fakes.megatron import MEGATRON_LINES
+from rr_fakes.megatron import MEGATRON_LINES, route_log
 
 
 def test_demo_replay_removes_every_routing_difference_and_the_logprob_gap() -> None:
@@ -58,3 +58,32 @@ def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     (block,) = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
     exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
     assert capsys.readouterr().out.split()[0] == "0.0"
+
+
+def test_the_megatron_step_replays_the_rollout_in_forward_and_recompute() -> None:
+    """The training step runs through Megatron's schedule with the forward step wrapped by
+    rr_megatron_compat.replay_forward_step: every decoder router uses the rollout's experts on
+    every routed row, in the forward and again in the activation recompute of backward."""
+    pytest.importorskip("rr_vllm")
+    from rr_demo.chain import padded_batch
+    from rr_demo.engine_emulated import emulated_rollout
+    from rr_demo.report import mismatch_per_layer
+    from rr_demo.trainer_megatron import open_trainer
+    from rr_vllm import decode_vllm_batch
+
+    cfg = DemoConfig(batch=2, new_tokens=4, noise=0.05)
+    with open_trainer(cfg, lambda stage: None) as trainer:
+        out = emulated_rollout(trainer, cfg)
+        batch = decode_vllm_batch(out.request_outputs, out.meta, prompt_start=out.prompt_starts)
+        padded = padded_batch(out, batch)
+        native, _ = trainer.trainer_forward(padded, replay=False)
+        with route_log(trainer.model) as log:
+            loss = trainer.train_step(padded)
+    B, S = padded.ids_BS.shape
+    assert sorted(log.recompute) == sorted(log.forward) == list(out.meta.routed_layer_numbers)
+    for phase in (log.forward, log.recompute):
+        used = {layer: maps[-1].reshape(S, B, -1).transpose(0, 1) for layer, maps in phase.items()}
+        assert mismatch_per_layer(used, padded.routes_BSLK, padded.valid_BS) == [0.0] * len(used)
+    # the rollout's noise moved routes, so a step that routed natively would have failed above
+    assert max(mismatch_per_layer(native, padded.routes_BSLK, padded.valid_BS)) > 0
+    assert loss > 0

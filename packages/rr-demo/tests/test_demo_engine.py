@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 
 import pytest
 
 from rr_demo import DemoConfig, DemoResult, TransformersDemoConfig, run_demo
 from rr_demo.cli import render
-from rr_demo.engine import vllm_problem
+from rr_demo.engine_vllm import vllm_problem
 from rr_fakes.hf_checkpoints import build_checkpoint
 
 PROBLEM = vllm_problem()
@@ -64,12 +62,18 @@ def test_a_float32_engine_routes_as_the_megatron_trainer() -> None:
     assert result.logprob_abs_diff_without_replay < 1e-4
 
 
-def test_rr_demo_runs_the_real_engine_by_default_and_says_so() -> None:
+def test_rr_demo_runs_the_real_engine_by_default_and_says_so(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The command as a user types it, in this process (vllm is imported once for the file);
+    capfd: the engine writes to the process's descriptors, as it does under a terminal."""
     pytest.importorskip("tqdm")
-    code = "import sys; from rr_core.cli.main import main; sys.exit(main(['demo', '--json']))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
+    from rr_core.cli.main import main
+
+    code = main(["demo", "--json"])
+    out, err = capfd.readouterr()
+    assert code == 0, err[-2000:]
+    report = json.loads(out)
     assert report["engine"] == "vllm"
     assert report["engine_reason"].startswith("auto: ")
     assert report["mismatch_with_replay"] == 0.0

@@ -18,7 +18,7 @@ import rr_transformers
 from rr_core.cli.main import main
 from rr_demo import DemoResult, TransformersDemoConfig, run_demo
 from rr_demo.cli import render
-from rr_demo.transformers_run import demo_families
+from rr_demo.trainer_transformers import demo_families
 
 #: Per family, an engine noise in the units its router's top-k sees (probabilities for
 #: qwen3_moe, sigmoid scores plus bias for deepseek_v3, raw logits for gpt_oss).
@@ -96,7 +96,7 @@ def test_rr_demo_backend_transformers_json_imports_no_megatron() -> None:
     code = (
         "import sys; from rr_core.cli.main import main; rc = main(sys.argv[1:]); "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'megatron' or "
-        "m.startswith(('rr_fakes.megatron', 'rr_demo.megatron_run'))); "
+        "m.startswith(('rr_fakes.megatron', 'rr_demo.trainer_megatron'))); "
         "sys.exit('imported ' + ' '.join(bad) if bad else rc)"
     )
     args = ["demo", "--backend", "transformers", "--json"]

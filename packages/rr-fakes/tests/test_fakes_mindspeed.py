@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import inspect
 import pickle
 import sys
 import textwrap
@@ -18,6 +19,8 @@ import torch
 
 from rr_fakes.mindspeed_emu import (
     LINES,
+    MEGATRON_ADAPTOR,
+    PRE_PATCH_LINES,
     MLATransformerConfig,
     Targets,
     TransformerConfig,
@@ -28,22 +31,57 @@ from rr_fakes.mindspeed_emu import (
 
 STUB = "rr_fakes_stub_moe"
 CONFIGS = "rr_fakes.mindspeed_emu._config"
-STUBS = Targets(transformer_config=CONFIGS, router=STUB, moe_utils=STUB, moe_layer=STUB)
+STUBS = Targets(
+    transformer_config=CONFIGS,
+    router=STUB,
+    moe_utils=STUB,
+    moe_layer=STUB,
+    tensor_parallel=STUB,
+    legacy_dispatcher=f"{STUB}.legacy_a2a_token_dispatcher",
+)
 _STUB_SOURCE = textwrap.dedent(
     """
+    import types
     import torch
+
+    SELECTED = []
 
     def group_limited_topk(scores, topk, num_tokens, num_experts, num_groups, group_topk):
         return torch.topk(scores, k=topk, dim=1)
 
-    def topk_softmax_with_capacity(logits, topk, score_function="softmax"):
-        return "original", topk
+    def topk_softmax_with_capacity(logits, topk, score_function="softmax", **kwargs):
+        SELECTED.append("router module's top-k")
+        ids = torch.topk(logits, k=topk, dim=1).indices
+        routing_map = torch.zeros_like(logits).bool().scatter(1, ids, True)
+        return logits.softmax(-1) * routing_map, routing_map, routing_map.sum(0)
+
+    def gather_from_sequence_parallel_region(tensor):
+        return tensor
+
+    def _split_along_first_dim(tensor):
+        return tensor
 
     def scale():
         return "scale"
 
     class TopKRouter:
         topk = 2
+        routing_type = "aux_loss"
+        config = types.SimpleNamespace(
+            num_moe_experts=8,
+            moe_expert_capacity_factor=None,
+            moe_pad_expert_input_to_capacity=False,
+            moe_token_drop_policy="probs",
+            moe_router_pre_softmax=False,
+            deterministic_mode=False,
+        )
+
+        def apply_z_loss(self, logits):
+            return logits
+
+        def aux_loss_load_balancing(self, logits):
+            probs, routing_map, _ = topk_softmax_with_capacity(logits, self.topk)
+            return probs, routing_map
 
         def routing(self, logits):
             return "original routing"
@@ -131,6 +169,7 @@ def test_remove_keeps_entries_restores_classes_and_skips_mindspeed_modules(
     def topk_softmax_with_capacity(*args: Any, **kwargs: Any) -> str:
         return "replaced"
 
+    original_topk = stub.topk_softmax_with_capacity
     pm.register_patch(f"{STUB}.TopKRouter.routing", routing)
     pm.register_patch(f"{STUB}.topk_softmax_with_capacity", topk_softmax_with_capacity)
     pm.apply_patches()
@@ -141,7 +180,7 @@ def test_remove_keeps_entries_restores_classes_and_skips_mindspeed_modules(
     assert copier.topk_softmax_with_capacity is topk_softmax_with_capacity  # copies follow
     pm.remove_patches()
     assert stub.TopKRouter().routing(None) == "original routing"  # class attribute restored
-    assert copier.topk_softmax_with_capacity(None, 2) == ("original", 2)
+    assert copier.topk_softmax_with_capacity is original_topk
     assert ms_copier.topk_softmax_with_capacity is topk_softmax_with_capacity  # skipped
     for target in (f"{STUB}.TopKRouter.routing", f"{STUB}.topk_softmax_with_capacity"):
         patch = pm.patches_info[target]  # kept
@@ -351,7 +390,7 @@ def test_fix_router_selects_normally_then_overrides_with_arange(stub: types.Modu
         ),
     ],
 )
-@pytest.mark.parametrize("line", LINES)
+@pytest.mark.parametrize("line", PRE_PATCH_LINES)
 def test_tp_extend_ep_replaces_routing_and_moe_layer(
     line: str, args: dict[str, Any], routing: bool, moe_layer: bool, stub: types.ModuleType
 ) -> None:
@@ -389,3 +428,263 @@ def test_real_megatron_config_class_is_generated_per_instance() -> None:
         with pytest.raises(AttributeError):
             dataclasses.replace(cfg, num_layers=4)
     assert type(tc.TransformerConfig(**kwargs)) is tc.TransformerConfig
+
+
+@pytest.mark.parametrize("line", PRE_PATCH_LINES)
+def test_tp_extend_ep_routing_has_megatrons_two_parameters(
+    line: str, stub: types.ModuleType
+) -> None:
+    with emulated_mindspeed(line=line, targets=STUBS, moe_tp_extend_ep=True, import_adaptor=True):
+        routing = stub.TopKRouter.routing
+        assert routing.__name__ == "routing_tp_extend_ep"
+        assert list(inspect.signature(routing).parameters) == ["self", "logits"]
+        with pytest.raises(TypeError, match="padding_mask"):  # what Megatron 0.16+ passes
+            stub.TopKRouter().routing(torch.randn(4, 8), padding_mask=None)
+
+
+def test_tp_extend_ep_on_012_reaches_the_router_modules_top_k_only_with_aux_loss(
+    stub: types.ModuleType,
+) -> None:
+    with emulated_mindspeed(
+        line="0.12", targets=STUBS, moe_tp_extend_ep=True, import_adaptor=True
+    ) as ms:
+        router = stub.TopKRouter()
+        router.routing(torch.randn(4, 8))
+        assert stub.SELECTED == ["router module's top-k"]  # via aux_loss_load_balancing
+        traced: list[str] = []
+        stub.topk_softmax_with_capacity = lambda *a, **k: traced.append("hook")  # a later hook
+        router.routing_type = "none"
+        _, routing_map = router.routing(torch.randn(4, 8))
+        assert traced == []  # MindSpeed's own import, bound when it registered
+        assert stub.SELECTED == ["router module's top-k"] * 2
+        assert routing_map.sum(-1).tolist() == [2] * 4
+        router.routing_type = "seq_aux_loss"
+        with pytest.raises(ValueError, match="Unsupported MoE routing type"):
+            router.routing(torch.randn(4, 8))
+        assert ms.bypass_calls == ["TopKRouter.routing"] * 3
+
+
+def test_tp_extend_ep_on_016_has_no_top_k_of_its_own(stub: types.ModuleType) -> None:
+    with emulated_mindspeed(line="0.16", targets=STUBS, moe_tp_extend_ep=True, import_adaptor=True):
+        router = stub.TopKRouter()
+        router.routing_type = "none"
+        with pytest.raises(NameError, match="topk_softmax_with_capacity"):
+            router.routing(torch.randn(4, 8))
+
+
+@pytest.mark.parametrize("line", ["0.17", "0.18"])
+def test_tp_extend_ep_cannot_import_on_017_and_018(line: str, stub: types.ModuleType) -> None:
+    flag = {"moe_tp_extend_ep": True}
+    with (
+        emulated_mindspeed(line=line, targets=STUBS, args=flag) as ms,
+        pytest.raises(ModuleNotFoundError, match="legacy_a2a_token_dispatcher"),
+    ):
+        ms.import_adaptor()
+    level_1 = {"moe_tp_extend_ep": True, "optimization_level": 1}  # the feature does not apply
+    with emulated_mindspeed(line=line, targets=STUBS, args=level_1, import_adaptor=True) as ms:
+        assert ms.patch(f"{STUB}.TopKRouter.routing") is None
+
+
+def test_tp_extend_ep_validation_reads_training_arguments(stub: types.ModuleType) -> None:
+    args = {"moe_tp_extend_ep": True}
+    with emulated_mindspeed(line="0.12", targets=STUBS, args=args, import_adaptor=True) as ms:
+        with pytest.raises(AttributeError, match="num_experts"):
+            _config()  # a training argument, not a TransformerConfig field
+        ms.args.num_experts = 8
+        with pytest.raises(AssertionError, match="moe-grouped-gemm"):
+            _config()
+        ms.args.moe_permutation_async_comm = True
+        assert _config(moe_grouped_gemm=True).moe_tp_extend_ep is True
+
+
+# -- requirements_basic.py: the pre-patches per line ----------------------------------------------
+def test_dummy_compile_returns_a_new_wrapper_closure() -> None:
+    def fused(x: int) -> int:
+        return x + 1
+
+    compiled = dummy_compile(fused)
+    assert compiled is not fused
+    assert compiled.__name__ == "wrapper"
+    assert not hasattr(compiled, "__wrapped__")
+    assert compiled(1) == 2
+    decorator = dummy_compile(mode="max-autotune")
+    assert decorator.__name__ == "compile_wrapper"
+    assert decorator(fused).__name__ == "wrapper"
+    assert decorator(fused)(2) == 3
+
+
+_PRE_PATCHES_012 = (
+    "torch.compile",
+    "torch.jit.script",
+    "importlib.metadata.version",
+    "transformer_engine.pytorch.LayerNorm",
+    "transformer_engine.common.recipe.DelayedScaling",
+    "flash_attn.flash_attn_interface.flash_attn_unpadded_func",
+    "amp_C.multi_tensor_l2norm",
+    "apex.multi_tensor_apply.multi_tensor_applier",
+    "torch.nn.parameter.Parameter.type",
+    "torch.Tensor.type",
+    "torch.Tensor.view",
+    "torch.distributed._all_gather_base",
+    "torch.distributed.all_reduce",
+    "torch._C._jit_set_nvfuser_enabled",
+    "apex.optimizers.FusedAdam",
+)
+_PRE_PATCHES_016_ONLY = (
+    "torch.cuda.nvtx.range_push",
+    "transformer_engine.pytorch.ops.SwiGLU",
+    "fast_hadamard_transform.hadamard_transform",
+    "torch.cuda.get_device_capability",
+)
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_pre_patches_per_line(line: str, stub: types.ModuleType) -> None:
+    import importlib.metadata
+
+    real_compile, real_version = torch.compile, importlib.metadata.version
+    with emulated_mindspeed(line=line, targets=STUBS, import_adaptor=True) as ms:
+        registered = set(ms.manager.patches_info)
+        if line in PRE_PATCH_LINES:
+            assert set(_PRE_PATCHES_012) <= registered
+            assert (set(_PRE_PATCHES_016_ONLY) <= registered) is (line == "0.16")
+            assert importlib.metadata.version("transformer-engine") == "2.2.0"
+            te = importlib.import_module("transformer_engine.pytorch")
+            assert te.Linear is torch.nn.Module  # a dummy module MindSpeed created
+            assert torch.zeros(1).type() == "torch.FloatTensor"
+            assert MEGATRON_ADAPTOR not in sys.modules
+        else:  # MindSpeed registers none; the MegatronAdaptor it imports replaced torch.compile
+            assert not [t for t in registered if t.startswith(("torch.", "importlib", "apex"))]
+            assert MEGATRON_ADAPTOR in sys.modules
+            assert importlib.metadata.version is real_version
+            assert "transformer_engine" not in sys.modules
+        assert torch.compile is dummy_compile
+    assert (torch.compile, importlib.metadata.version) == (real_compile, real_version)
+    assert not {"transformer_engine", "apex", "amp_C", MEGATRON_ADAPTOR} & set(sys.modules)
+    assert not hasattr(torch.nn.Parameter, "type") or "type" not in vars(torch.nn.Parameter)
+
+
+# -- patch_utils.py: ids and getattr-based sweeps -------------------------------------------------
+def test_patch_record_ids_are_properties_of_the_current_values(stub: types.ModuleType) -> None:
+    pm = new_patch_manager()
+
+    def scale_replacement() -> str:
+        return "replaced"
+
+    pm.register_patch(f"{STUB}.scale", scale_replacement)
+    patch = pm.patches_info[f"{STUB}.scale"]
+    assert (patch.orig_func_id, patch.patch_func_id) == (id(None), id(scale_replacement))
+    original = stub.scale
+    pm.apply_patches()
+    assert patch.orig_func_id == id(original)
+    pm.remove_patches()
+    assert patch.patch_func_id == id(None)  # follows patch_func, now None
+
+
+def test_sweeps_run_module_getattr(stub: types.ModuleType) -> None:
+    """MindSpeed reads every module with hasattr / getattr: a lazy module's ``__getattr__``
+    runs, a lazily re-exported copy is replaced, and an ImportError there ends the apply."""
+    lazy = _module("rr_fakes_stub_lazy")
+    asked: list[str] = []
+    original = stub.scale
+
+    def lazy_getattr(name: str) -> Any:
+        asked.append(name)
+        if name == "scale":
+            return original  # a lazy re-export, as lazy_loader's stubs do
+        raise AttributeError(name)
+
+    lazy.__getattr__ = lazy_getattr  # type: ignore[method-assign]
+    pm = new_patch_manager()
+
+    def scale_replacement() -> str:
+        return "replaced"
+
+    try:
+        pm.register_patch(f"{STUB}.scale", scale_replacement)
+        pm.apply_patches()
+        assert "scale" in asked
+        assert vars(lazy)["scale"] is scale_replacement
+        lazy.__getattr__ = lambda name: (_ for _ in ()).throw(ImportError(f"no {name}"))  # type: ignore[method-assign]
+        pm.register_patch(f"{STUB}.routing_helper", scale_replacement)
+        with pytest.raises(ImportError, match="routing_helper"):
+            pm.apply_patches()
+    finally:
+        sys.modules.pop("rr_fakes_stub_lazy", None)  # first: remove_patches sweeps it too
+        pm.remove_patches()
+
+
+# -- features_manager.py and args_utils.py --------------------------------------------------------
+def test_features_manager_list_is_live_and_the_module_list_is_not(stub: types.ModuleType) -> None:
+    from rr_fakes.mindspeed_emu import Feature
+
+    class Marker(Feature):
+        def __init__(self, target: str) -> None:
+            super().__init__(f"marker-{target}", 0)
+            self.target = target
+
+        def register_patches(self, pm: Any, args: Any) -> None:
+            pm.register_patch(f"{STUB}.{self.target}", lambda: self.target)
+
+    with emulated_mindspeed(line="0.16", targets=STUBS, import_adaptor=True) as ms:
+        manager_module = sys.modules["mindspeed.features_manager.features_manager"]
+        manager = manager_module.MindSpeedFeaturesManager
+        assert manager.FEATURES_LIST is ms.features
+        manager.FEATURES_LIST.append(Marker("added_live"))
+        sys.modules["mindspeed.features_manager"].FEATURES_LIST.append(Marker("added_static"))
+        ms.repatch()
+        assert stub.added_live() == "added_live"
+        assert not hasattr(stub, "added_static")
+
+
+def test_global_args_are_parsed_from_the_command_line(
+    stub: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = [
+        "--moe-tp-extend-ep",
+        "--optimization-level",
+        "1",
+        "--engine-flag",
+        "3",
+        "--pair=a",
+        "--many",
+        "x",
+        "y",
+        "--bare",
+    ]
+    with emulated_mindspeed(line="0.18", targets=STUBS, argv=argv) as ms:
+        args = sys.modules["mindspeed.args_utils"].get_full_args()
+        assert (args.moe_tp_extend_ep, args.optimization_level) == (True, 1)  # typed flags
+        assert (args.engine_flag, args.pair, args.many, args.bare) == ("3", "a", ["x", "y"], True)
+        assert ms.args is args
+    monkeypatch.setattr(sys, "argv", ["pytest", "-q", "--fix-router"])
+    with emulated_mindspeed(line="0.12", targets=STUBS, argv=None, import_adaptor=True) as ms:
+        assert ms.args.fix_router is True
+        assert vars(ms.args)[""] is True  # '-q' minus two characters
+        with pytest.raises(TypeError, match="identifiers"):
+            _config()  # MindSpeed merges the key '' into every config
+
+
+# -- arguments_basic.py: the generated class ------------------------------------------------------
+@pytest.mark.parametrize(("line", "rope_type"), [("0.12", None), ("0.16", "yarn"), ("0.18", None)])
+def test_rope_type_none_is_dropped_only_on_016(
+    line: str, rope_type: str | None, stub: types.ModuleType
+) -> None:
+    kwargs: dict[str, Any] = {"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2}
+    with emulated_mindspeed(line=line, targets=STUBS, import_adaptor=True):
+        assert MLATransformerConfig(rope_type=None, **kwargs).rope_type == rope_type
+
+
+def test_subclass_defaults_for_mutable_values_are_the_last_loop_value(
+    stub: types.ModuleType,
+) -> None:
+    args = {"layer_list": [1, 2], "zz_last": 5}
+    with emulated_mindspeed(line="0.12", targets=STUBS, args=args, import_adaptor=True):
+
+        @dataclasses.dataclass
+        class Later(TransformerConfig):
+            pass
+
+        later = Later(num_layers=2, hidden_size=8, num_attention_heads=2)
+        assert later.zz_last == 5
+        assert later.layer_list == 5  # MindSpeed's lambda reads its loop variable late

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rr_core.replay.controller import attached_router_count
 from rr_fakes.megatron import unavailable_reason
-from rr_fakes.pytest_support import skip_folder
+from rr_fakes.pytest_support import _no_leaked_attachments, skip_folder
+
+__all__ = ["_no_leaked_attachments"]  # the autouse leak check, active in this folder
 
 HERE = Path(__file__).parent
 #: Tests that run without megatron-core (version flags, lazy imports, the doctor view).
@@ -23,24 +24,6 @@ REASON = unavailable_reason()
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_folder(items, HERE, REASON, keep=NO_MEGATRON_NEEDED)
-
-
-@pytest.fixture(autouse=True)
-def _no_leaked_patches() -> Iterator[None]:
-    """Fail a test that leaves rr's Megatron hooks installed or routers attached (under xdist
-    one worker runs many tests: a leaked hook would change what later tests observe)."""
-    before = attached_router_count()
-    yield
-    from rr_megatron_compat._install import installed_hooks
-
-    hooks = installed_hooks()
-    leaked = attached_router_count() - before
-    if hooks:
-        from rr_megatron_compat import uninstall
-
-        uninstall()
-    assert not hooks, f"test left rr's hooks installed: {hooks}; call uninstall()"
-    assert leaked <= 0, f"test left {leaked} routers attached; call controller.detach()"
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ layout raises a typed rr error naming what came, never an error from inside torc
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from rr_core import (
     ReplayController,
     ReplayError,
 )
+from rr_fakes.pytest_support import BadCall, over_bad_calls, raised_by
 
 IDS = torch.zeros((4, 2, 2), dtype=torch.int16)
 MASK = torch.ones(4, dtype=torch.bool)
@@ -47,7 +47,7 @@ class _Config:
     num_layers = 2
 
 
-CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
+CASES: list[BadCall] = [
     (
         "attach str controller",
         lambda: rmc.attach("ctl", torch.nn.Linear(1, 1)),
@@ -375,15 +375,11 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("call", "error", "fragment"),
-    [pytest.param(c, e, f, id=name) for name, c, e, f in CASES],
-)
+@over_bad_calls(CASES)
 def test_bad_arguments_raise_a_typed_rr_error(
     call: Callable[[], Any], error: type[Exception], fragment: str
 ) -> None:
-    with pytest.raises(error, match=re.escape(fragment)):
-        call()
+    raised_by(call, error, fragment)
 
 
 def test_integer_scalars_of_numpy_and_torch_are_sizes() -> None:

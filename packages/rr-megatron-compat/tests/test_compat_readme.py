@@ -20,6 +20,7 @@ ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
 PYPROJECT = ROOT / "pyproject.toml"
 SUPPORTED_FILE = ROOT / "src" / "rr_megatron_compat" / "_supported.py"
+PINS_FILE = ROOT.parent / "rr-fakes" / "src" / "rr_fakes" / "pins.py"  # the tests' releases
 
 
 def test_readme_example_replays_exactly(capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,7 +46,7 @@ def test_version_data_is_import_free_and_is_what_the_package_reads() -> None:
 
 
 def test_readme_and_extra_state_the_data() -> None:
-    data, text = _supported_data(), README.read_text()
+    data, text = {**_supported_data(), **runpy.run_path(str(PINS_FILE))}, README.read_text()
     spec = data["SUPPORTED"]["megatron-core"]
     assert f"`megatron-core{spec}`" in text
     lines = list(data["MEGATRON_LINES"])

@@ -238,7 +238,7 @@ def test_A6_walk_is_in_layer_order_whatever_the_chunk_order(megatron: None) -> N
     assert [layer for layer, _ in routers([model])] == [1, 2, 3, 4]
     controller = ReplayController(num_experts=E, top_k=K)
     try:
-        assert rmc.attach(controller, [model]) == (1, 2, 3, 4)
+        assert rmc.attach(controller, [model]).layer_numbers == (1, 2, 3, 4)
     finally:
         controller.detach()
 

@@ -84,7 +84,7 @@ def test_G3_packed_r2_records_every_row_of_every_sequence_and_replays_in_place(
     assert use_thd_attention([model]) == 4
     tokens = _tokens(seed=5)
     controller = ReplayController(num_experts=E, top_k=K)
-    layers = rmc.attach(controller, model)
+    layers = rmc.attach(controller, model).layer_numbers
     try:
         packs = [_pack([tokens[i] for i in pack], RECORD_ALIGN) for pack in RECORD_PACKS]
         assert [p.mask_T.numel() for p, _ in packs] == [20, 12]  # padding between sequences
@@ -160,7 +160,7 @@ def test_tokens_per_sample_packed_rows_record_and_replay_in_packed_order(megatro
     length = 6
     tokens = [t[:length] for t in _tokens(seed=9) if t.shape[0] >= length][:2]
     controller = ReplayController(num_experts=E, top_k=K)
-    layers = rmc.attach(controller, model)
+    layers = rmc.attach(controller, model).layer_numbers
     try:
         packed, plain = _pack(tokens, align=1)
         per_sample = dict(plain)

@@ -30,96 +30,49 @@ from compat_megatron_steps import (
 from rr_core import ReplayError, controller_of
 from rr_fakes.megatron import model_parallel
 
+
+def _params(required: str = "", defaulted_to_none: str = "") -> list[tuple[str, Any]]:
+    """A signature's parameters in order: the ``required`` names, then those defaulting to None."""
+    return [(name, inspect.Parameter.empty) for name in required.split()] + [
+        (name, None) for name in defaulted_to_none.split()
+    ]
+
+
 #: verl 0.9.1 (verl/utils/megatron/router_replay_{patch,utils}.py): parameter names and defaults.
-NONE: Any = None
 VERL_SIGNATURES: dict[str, list[tuple[str, Any]]] = {
-    "apply_router_replay_patch": [],
-    "set_router_replay_data": [
-        ("layers_topk_idx", inspect.Parameter.empty),
-        ("attention_mask", inspect.Parameter.empty),
-        ("tf_config", inspect.Parameter.empty),
-        ("vp_rank", NONE),
-        ("replay_mask", NONE),
-        ("local_cp_size", NONE),
-        ("model", NONE),
-    ],
-    "merge_router_topk_indices": [
-        ("attention_mask", inspect.Parameter.empty),
-        ("input_ids", inspect.Parameter.empty),
-        ("mini_layer_topk_idx_list", inspect.Parameter.empty),
-        ("tf_config", inspect.Parameter.empty),
-        ("vp_rank", NONE),
-        ("local_cp_size", NONE),
-        ("model", NONE),
-    ],
-    "iter_model_routers": [("model", inspect.Parameter.empty)],
-    "set_model_router_replay_action": [
-        ("model", inspect.Parameter.empty),
-        ("router_replay_action", inspect.Parameter.empty),
-    ],
-    "align_r3_router_replay_data": [
-        ("layers_topk_idx", inspect.Parameter.empty),
-        ("input_ids", inspect.Parameter.empty),
-    ],
-    "build_r3_replay_mask": [
-        ("input_ids", inspect.Parameter.empty),
-        ("response_mask", inspect.Parameter.empty),
-    ],
-    "reorder_and_merge_vpp_layers": [
-        ("micro_batch_tensor_list", inspect.Parameter.empty),
-        ("num_microbatches", inspect.Parameter.empty),
-        ("vpp_size", inspect.Parameter.empty),
-        ("microbatch_group_size_per_vp_stage", inspect.Parameter.empty),
-    ],
-    "pp_gather": [
-        ("local_layers_router_map", inspect.Parameter.empty),
-        ("tf_config", inspect.Parameter.empty),
-    ],
-    "get_current_rank_layer_info": [("tf_config", inspect.Parameter.empty), ("vp_rank", NONE)],
-    "is_moe_layer": [
-        ("tf_config", inspect.Parameter.empty),
-        ("layer_idx", inspect.Parameter.empty),
-    ],
-    "get_moe_num_layers_to_build": [
-        ("config", inspect.Parameter.empty),
-        ("vp_stage", NONE),
-        ("pp_rank", NONE),
-    ],
-    "get_num_layers_to_build": [
-        ("config", inspect.Parameter.empty),
-        ("vp_stage", NONE),
-        ("pp_rank", NONE),
-    ],
-    "RouterReplay.set_replay_data": [("all_layers_topk_indices", inspect.Parameter.empty)],
-    "RouterReplay.get_recorded_data": [],
-    "RouterReplay.clear_global_indices": [],
-    "RouterReplay.set_global_router_replay_action": [
-        ("router_replay_action", inspect.Parameter.empty)
-    ],
-    "RouterReplay.clear_global_router_replay_action": [],
-    "RouterReplay.__init__": [("self", inspect.Parameter.empty)],
-    "RouterReplay.set_target_indices": [
-        ("self", inspect.Parameter.empty),
-        ("topk_indices", inspect.Parameter.empty),
-        ("replay_mask", NONE),
-    ],
-    "RouterReplay.get_recorded_indices": [("self", inspect.Parameter.empty)],
-    "RouterReplay.clear_indices": [("self", inspect.Parameter.empty)],
-    "RouterReplay.set_router_replay_action": [
-        ("self", inspect.Parameter.empty),
-        ("router_replay_action", inspect.Parameter.empty),
-    ],
-    "RouterReplay.clear_router_replay_action": [("self", inspect.Parameter.empty)],
-    "RouterReplayHelper.get_micro_batch_router_list": [
-        ("tf_config", inspect.Parameter.empty),
-        ("vp_rank", NONE),
-    ],
+    "apply_router_replay_patch": _params(),
+    "set_router_replay_data": _params(
+        "layers_topk_idx attention_mask tf_config", "vp_rank replay_mask local_cp_size model"
+    ),
+    "merge_router_topk_indices": _params(
+        "attention_mask input_ids mini_layer_topk_idx_list tf_config", "vp_rank local_cp_size model"
+    ),
+    "iter_model_routers": _params("model"),
+    "set_model_router_replay_action": _params("model router_replay_action"),
+    "align_r3_router_replay_data": _params("layers_topk_idx input_ids"),
+    "build_r3_replay_mask": _params("input_ids response_mask"),
+    "reorder_and_merge_vpp_layers": _params(
+        "micro_batch_tensor_list num_microbatches vpp_size microbatch_group_size_per_vp_stage"
+    ),
+    "pp_gather": _params("local_layers_router_map tf_config"),
+    "get_current_rank_layer_info": _params("tf_config", "vp_rank"),
+    "is_moe_layer": _params("tf_config layer_idx"),
+    "get_moe_num_layers_to_build": _params("config", "vp_stage pp_rank"),
+    "get_num_layers_to_build": _params("config", "vp_stage pp_rank"),
+    "RouterReplay.set_replay_data": _params("all_layers_topk_indices"),
+    "RouterReplay.get_recorded_data": _params(),
+    "RouterReplay.clear_global_indices": _params(),
+    "RouterReplay.set_global_router_replay_action": _params("router_replay_action"),
+    "RouterReplay.clear_global_router_replay_action": _params(),
+    "RouterReplay.__init__": _params("self"),
+    "RouterReplay.set_target_indices": _params("self topk_indices", "replay_mask"),
+    "RouterReplay.get_recorded_indices": _params("self"),
+    "RouterReplay.clear_indices": _params("self"),
+    "RouterReplay.set_router_replay_action": _params("self router_replay_action"),
+    "RouterReplay.clear_router_replay_action": _params("self"),
+    "RouterReplayHelper.get_micro_batch_router_list": _params("tf_config", "vp_rank"),
     **{
-        f"RouterReplayHelper.{name}": [
-            ("tf_config", inspect.Parameter.empty),
-            ("vp_rank", NONE),
-            ("model", NONE),
-        ]
+        f"RouterReplayHelper.{name}": _params("tf_config", "vp_rank model")
         for name in ("is_r2_record_action", "is_replay_forward_action", "is_replay_backward_action")
     },
 }

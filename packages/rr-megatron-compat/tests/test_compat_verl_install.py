@@ -57,6 +57,37 @@ def test_every_name_verl_imports_from_its_router_replay_modules_exists() -> None
     assert not missing, f"verl imports {missing} from its router-replay modules; rr lacks them"
 
 
+def verl_module_names(module: str) -> set[str]:
+    """The names a verl router-replay module binds at its top level (defined or imported, in
+    ``try`` blocks too), read from its source."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None
+    assert spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    names: set[str] = set()
+    statements = list(tree.body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, ast.Try):
+            statements.extend([*node.body, *(s for h in node.handlers for s in h.body)])
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_every_module_level_name_of_verls_modules_is_on_rrs_module(verl_modules: None) -> None:
+    expected = {ROUTER_MODULES[0]: "patched_routing", ROUTER_MODULES[1]: "mpu"}
+    for module in ROUTER_MODULES:
+        names = verl_module_names(module)
+        assert expected[module] in names
+        missing = sorted(name for name in names if not hasattr(rv, name))
+        assert not missing, f"{module} binds {missing}; rr_megatron_compat.verl lacks them"
+
+
 @pytest.fixture(scope="module")
 def verl_modules() -> Iterator[None]:
     from rr_fakes.megatron import megatron_cpu
@@ -106,6 +137,40 @@ def test_install_switches_verl_names_and_uninstall_gives_them_back(verl_modules:
     assert {n: getattr(_engine(), n) for n in ENGINE_NAMES} == originals
     rv.uninstall()  # twice: nothing to do
     assert {n: getattr(_engine(), n) for n in ENGINE_NAMES} == originals
+
+
+def test_the_drop_in_is_an_rr_adapter_install_uninstall_count_and_attach(
+    verl_modules: None,
+) -> None:
+    import rr_megatron_compat as rmc
+    from rr_core import ReplayController
+    from rr_core.adapters import Adapter, adapters, leaked_patches
+    from rr_fakes.megatron import TinyGPTConfig, build_gpt, model_parallel
+
+    assert isinstance(rv.ADAPTER, Adapter)
+    assert adapters()["verl"] is rv.ADAPTER
+    assert rv.install == rv.ADAPTER.install  # the module functions are its methods
+    names = rv.install()
+    try:
+        assert rv.is_installed()
+        rmc.uninstall()  # the Megatron hooks under the drop-in taken out: not installed
+        assert not rv.is_installed()
+        assert rv.install() == names
+        assert rv.is_installed()
+        with model_parallel():
+            model = build_gpt(TinyGPTConfig(extra=rmc.replay_config_fields()))
+            controller = ReplayController(num_experts=8, top_k=2)
+            attached = rv.attach(controller, model)
+            assert attached.adapter == "verl"
+            assert attached.layer_numbers == controller.layer_numbers != ()
+            rv.detach(controller)
+            assert controller.layer_numbers == ()
+    finally:
+        removed = rv.uninstall()
+    assert removed >= len(names)  # every name switched, and the router patch
+    assert rv.uninstall() == 0
+    assert not rv.is_installed()
+    assert "verl" not in leaked_patches()
 
 
 def test_an_engine_imported_after_install_gets_rr_and_a_foreign_patch_is_kept(

@@ -1,25 +1,9 @@
 """rr-npu tests. The torch-only ones run anywhere; the ones that need a real megatron-core skip
 with the reason where none is installed. A test that leaves rr's hooks, the gating guard or a
-patch-manager wrapper installed fails."""
+patch-manager wrapper installed fails (the shared leak check)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from rr_fakes.pytest_support import _no_leaked_attachments
 
-import pytest
-
-
-@pytest.fixture(autouse=True)
-def _no_leaked_state() -> Iterator[None]:
-    import rr_npu._gating as gating
-    import rr_npu._install as install
-
-    yield
-    leaked = {
-        "installed": install._STATE["installed"],
-        "patch-manager hooks": len(install._HOOKED),
-        "gating guards": len(gating._INSTALLED),
-    }
-    if any(leaked.values()):
-        install.uninstall()
-    assert not any(leaked.values()), f"test left rr_npu state behind: {leaked}"
+__all__ = ["_no_leaked_attachments"]  # an autouse fixture: importing it here applies it

@@ -144,6 +144,8 @@ def rr_first_then_mindspeed() -> None:
 
 def megatron_first_then_mindspeed() -> None:
     """Megatron imported before MindSpeed's pre-patches: attach names the order and the fix."""
+    import importlib
+
     import rr_megatron_compat as rmc
     import rr_npu
     from rr_core import ReplayController
@@ -151,6 +153,8 @@ def megatron_first_then_mindspeed() -> None:
     from rr_fakes.mindspeed_emu import emulated_mindspeed
 
     with model_parallel():  # imports Megatron (and binds jit_fuser = torch.compile)
+        for name in ("models.gpt.gpt_layer_specs", "models.gpt.gpt_model"):  # all of what builds
+            importlib.import_module(f"megatron.core.{name}")  # the model, before the dummies
         rr_npu.install()  # no MindSpeed yet: nothing to refuse
         try:
             with emulated_mindspeed(import_adaptor=True):

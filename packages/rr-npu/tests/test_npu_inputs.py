@@ -4,7 +4,6 @@ dtype, device string, backend or flag raises a typed rr error naming what came."
 from __future__ import annotations
 
 import importlib.util
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 
 import rr_npu
 from rr_core import ReplayController, ReplayError, RRError
+from rr_fakes.pytest_support import BadCall, over_bad_calls, raised_by
 from rr_megatron_compat import ReplayConfigError
 from rr_npu import DeviceChoiceError
 
@@ -24,7 +24,7 @@ def _controller() -> ReplayController:
     return ReplayController(num_experts=4, top_k=2)
 
 
-CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
+CASES: list[BadCall] = [
     (
         "wire_plan int backend",
         lambda: rr_npu.wire_plan(torch.int16, 5),
@@ -164,16 +164,11 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("call", "error", "fragment"),
-    [pytest.param(c, e, f, id=name) for name, c, e, f in CASES],
-)
+@over_bad_calls(CASES)
 def test_bad_arguments_raise_a_typed_rr_error(
     call: Callable[[], Any], error: type[Exception], fragment: str
 ) -> None:
-    with pytest.raises(error, match=re.escape(fragment)) as info:
-        call()
-    assert isinstance(info.value, RRError)
+    assert isinstance(raised_by(call, error, fragment), RRError)
 
 
 def test_errors_keep_their_older_bases() -> None:

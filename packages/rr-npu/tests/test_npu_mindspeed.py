@@ -26,6 +26,7 @@ import pytest
 
 import rr_megatron_compat as rmc
 import rr_npu
+from rr_core.patching import raw_attribute
 from rr_fakes.mindspeed_emu import Feature
 from rr_npu_testing import mindspeed_unavailable, round_trip, run_script
 
@@ -91,9 +92,9 @@ def installed() -> Iterator[None]:
 
 
 def _rr_proxy(owner: Any, name: str) -> Any:
-    from rr_megatron_compat._install import _chain, _current
+    from rr_core.patching import wrapper_chain
 
-    found = [p for p in _chain(_current(owner, name)) if isinstance(p, rmc.RRProxy)]
+    found = [p for p in wrapper_chain(raw_attribute(owner, name)) if isinstance(p, rmc.RRProxy)]
     active = [p for p in found if p._self_rr_active]
     assert len(active) == 1, found
     return active[0]
@@ -117,7 +118,7 @@ def test_order_rr_first_then_repatch_reinstalls_dropped_hooks() -> None:
         assert after is not before
         assert rr_npu.ensure_installed() == ()
         round_trip()
-    assert not isinstance(ms.manager.apply_patches, rr_npu.ReinstallAfterApply)
+    assert not isinstance(raw_attribute(ms.manager, "apply_patches"), rr_npu.ReinstallAfterApply)
 
 
 def test_order_rr_installed_before_mindspeeds_first_patch() -> None:
@@ -125,7 +126,7 @@ def test_order_rr_installed_before_mindspeeds_first_patch() -> None:
         ms.import_adaptor()
         ms.repatch()
         round_trip()  # attach re-checks: the manager is hooked from here on
-        assert isinstance(ms.manager.apply_patches, rr_npu.ReinstallAfterApply)
+        assert isinstance(raw_attribute(ms.manager, "apply_patches"), rr_npu.ReinstallAfterApply)
         ms.repatch()
         assert rmc.is_installed()
         round_trip()
@@ -137,10 +138,14 @@ def test_install_before_mindspeed_imports_no_megatron_and_replays() -> None:
 
 
 def test_megatron_imported_before_mindspeed_is_refused_by_name() -> None:
+    """Fresh process; on 0.12 / 0.16 MindSpeed's own torch.compile pre-patch shows the order,
+    on 0.17 / 0.18 (no pre-patch registered) the MegatronAdaptor imported after megatron.core."""
     out = run_script("megatron_first_then_mindspeed")
     assert "ORDER-REFUSED" in out
     for part in ("jit_fuser", "mindspeed.megatron_adaptor", "`rr explain C8`"):
         assert part in out
+    shown = "megatron_adaptor, which" if _line() >= NEW_LINES else "MindSpeed replaced"
+    assert shown in out
 
 
 def test_install_uninstall_state_machine_under_mindspeed() -> None:
@@ -169,17 +174,66 @@ def test_wrapper_only_registrations_are_accepted_and_replay_exactly() -> None:
         round_trip()
 
 
-def test_tp_extend_ep_is_refused_naming_feature_function_and_fix() -> None:
-    args = {"moe_permutation_async_comm": True, "moe_grouped_gemm": True}
-    with mindspeed(moe_tp_extend_ep=True, args=args) as ms:
+TP_EXTEND_EP_ARGS = {"moe_permutation_async_comm": True, "moe_grouped_gemm": True}
+NEW_LINES = (0, 17)  # MindSpeed's 0.17 / 0.18 lines cannot import moe_tp_extend_ep
+
+
+@pytest.mark.skipif(_line() < (0, 16) if REASON is None else True, reason="megatron-core 0.16+")
+def test_tp_extend_ep_is_refused_where_megatron_passes_padding_mask() -> None:
+    if _line() >= NEW_LINES:
+        pytest.skip("MindSpeed's 0.17 / 0.18 lines cannot import moe_tp_extend_ep")
+    with mindspeed(moe_tp_extend_ep=True, args=TP_EXTEND_EP_ARGS) as ms:
         assert ms.patch(ROUTING).patch_func is not None
         assert ms.patch(MOE_LAYER).patch_func is not None  # MoELayer is replaced too
         with pytest.raises(rr_npu.RoutingReplacedError) as caught:
             rr_npu.install()
         rr_npu.uninstall()
     message = str(caught.value)
-    for part in ("moe_tp_extend_ep", ROUTING, "routing_tp_extend_ep", "alltoall", "C7"):
+    for part in ("moe_tp_extend_ep", ROUTING, "routing_tp_extend_ep", "padding_mask", "C7"):
         assert part in message
+    assert "TypeError" in message
+
+
+@pytest.mark.skipif(_line() >= (0, 13) if REASON is None else True, reason="MindSpeed 0.12 line")
+def test_tp_extend_ep_on_012_is_accepted_with_aux_loss_and_refused_where_it_bypasses() -> None:
+    with mindspeed(moe_tp_extend_ep=True, args=TP_EXTEND_EP_ARGS) as ms, installed():
+        assert ms.patch(ROUTING).patch_func.__name__ == "routing_tp_extend_ep"
+        assert rr_npu.routing_replacements() == []  # aux_loss: Megatron's top-k, rr's hook
+        router = _mod("transformer.moe.router").TopKRouter
+        _rr_proxy(router, "routing")  # rr's proxy over MindSpeed's replacement
+        for kind, part in (("none", "own import"), ("sinkhorn", "sinkhorn"), ("x", "ValueError")):
+            ms.args.moe_router_load_balancing_type = kind
+            with pytest.raises(rr_npu.RoutingReplacedError, match=part):
+                rr_npu.check_routing_not_replaced()
+
+
+@pytest.mark.skipif(_line() >= (0, 13) if REASON is None else True, reason="MindSpeed 0.12 line")
+def test_tp_extend_ep_on_012_with_aux_loss_replays_exactly_and_none_is_refused_at_attach() -> None:
+    """MindSpeed's replacement (its validation wants num_experts, async permutation and
+    grouped GEMM; its MoELayer brings its own experts) under rr's proxy: aux_loss reaches rr's
+    top-k hook, so the round trip is exact; a config routing with 'none' is refused."""
+    args = {"num_experts": 8, **TP_EXTEND_EP_ARGS}
+    seq = {"moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall_seq"}
+    aux = {"moe_aux_loss_coeff": 1e-2, "moe_router_load_balancing_type": "aux_loss"}
+    with mindspeed(moe_tp_extend_ep=True, args=args) as ms, installed():
+        round_trip({**seq, **aux})
+        assert "TopKRouter.routing" in ms.bypass_calls  # MindSpeed's routing ran
+        layer = _mod("transformer.moe.moe_layer").MoELayer
+        assert layer.__name__ == "MindSpeedAlltoAllSEQTptoEpMoELayer"
+        from rr_core import ReplayController
+        from rr_fakes.megatron import TinyGPTConfig, build_gpt
+
+        none = {**rmc.replay_config_fields(), **seq, "moe_router_load_balancing_type": "none"}
+        model = build_gpt(TinyGPTConfig(extra=none))
+        with pytest.raises(rr_npu.RoutingReplacedError, match="own import"):
+            rr_npu.attach(ReplayController(num_experts=8, top_k=2), model)
+
+
+@pytest.mark.skipif(_line() < NEW_LINES if REASON is None else True, reason="MindSpeed 0.17+")
+def test_tp_extend_ep_cannot_import_on_017_and_018() -> None:
+    with pytest.raises(ModuleNotFoundError, match="legacy_a2a_token_dispatcher"):  # noqa: SIM117
+        with mindspeed(moe_tp_extend_ep=True, args=TP_EXTEND_EP_ARGS):
+            pass
 
 
 def test_tp_extend_ep_needs_optimization_level_2() -> None:
@@ -189,12 +243,19 @@ def test_tp_extend_ep_needs_optimization_level_2() -> None:
         assert rr_npu.routing_replacements() == []
 
 
+def _bypassing() -> dict[str, Any]:
+    """Global arguments under which moe_tp_extend_ep bypasses or breaks rr's hook here."""
+    return {"moe_router_load_balancing_type": "none"} if _line() < (0, 16) else {}
+
+
+@pytest.mark.skipif(_line() >= NEW_LINES if REASON is None else True, reason="0.12 / 0.16")
 def test_repatch_dropping_tp_extend_ep_is_accepted_and_replays() -> None:
-    args = {"moe_permutation_async_comm": True}
+    args = {"moe_permutation_async_comm": True, **_bypassing()}
     with mindspeed(moe_tp_extend_ep=True, args=args) as ms:
         with pytest.raises(rr_npu.RoutingReplacedError):
             rr_npu.install()
-        ms.repatch({"moe_tp_extend_ep": False, "moe_token_dispatcher_type": "alltoall"})
+        change = {"moe_tp_extend_ep": False, "moe_token_dispatcher_type": "alltoall"}
+        ms.repatch({**change, "moe_router_load_balancing_type": "aux_loss"})
         record = ms.patch(ROUTING)
         assert record.patch_func is None
         assert record.orig_func_name == "routing"
@@ -204,9 +265,12 @@ def test_repatch_dropping_tp_extend_ep_is_accepted_and_replays() -> None:
 
 
 def test_tp_extend_ep_turned_on_by_repatch_is_refused() -> None:
-    with mindspeed() as ms, installed():
+    with mindspeed(args=_bypassing()) as ms, installed():
         change = {"moe_tp_extend_ep": True, "moe_token_dispatcher_type": "alltoall_seq"}
-        with pytest.raises(rr_npu.RoutingReplacedError, match="moe_tp_extend_ep"):
+        expected: Any = rr_npu.RoutingReplacedError
+        if _line() >= NEW_LINES:
+            expected = ModuleNotFoundError  # MindSpeed itself fails there
+        with pytest.raises(expected, match=r"moe_tp_extend_ep|legacy_a2a"):
             ms.repatch({**change, "moe_permutation_async_comm": True})
 
 

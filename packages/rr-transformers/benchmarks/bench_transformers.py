@@ -1,32 +1,38 @@
 """rr-transformers benchmarks on CPU, measured side by side in one process (ratios first).
 
 1. Training step of a real transformers Qwen3-MoE model (forward + backward + AdamW step) in
-   four variants, alternated round by round in a rotating order so drift hits all equally:
+   five variants, alternated round by round, each round in a fresh shuffled order (seeded)
+   so neither drift nor the variant run just before favours one:
    ``bare`` (rr not installed: transformers' own code), ``off`` (rr installed, a controller
    attached, mode OFF: every router call goes through rr's proxy and routes natively) and ``r3``
    (R3 replay: an rr_vllm-style RouteBatch with T-1 rows per sequence armed with
    ``arm_routes`` each step, ``end_step`` after; the armed routes are the model's own, and the
    learning rate is 0, so every variant computes the same expert loads; the optimizer's
-   arithmetic still runs). ``r3_no_agreement`` is r3 with the controller's agreement
-   measurement off (it runs a native top-k beside every replayed one). Step times are process
+   arithmetic still runs; the agreement is reported, by the controller's default threshold
+   test on the router's scores). ``r3_exact`` measures the agreement with a second native
+   top-k beside every replayed one, ``r3_no_agreement`` not at all. Step times are process
    CPU time (what other load on a shared machine disturbs least; the wall medians are
-   reported too). Reports the median step of each and ``step_overhead_ratio_r3`` = r3 / bare
+   reported too; on an accelerator, wall time after a synchronize). Reports the median step
+   of each and ``step_overhead_ratio_r3`` = r3 / bare
    (``r3_over_off``: r3 / off). Because a step's spread on a busy machine exceeds the
    overhead, ``parts_us`` also measures what rr adds alone (one router call, forward and
    backward, per variant; ``arm_routes`` and ``end_step`` for the micro-batch) and
    ``attributed_overhead_ratio`` adds it up per step (layers x router cost + arm + end).
 2. Per-micro-batch bookkeeping on a 94-layer model (Qwen3-235B-A22B depth, E=128, top-8,
    4096 router rows as 16 right-padded sequences of 256 tokens, T-1 route rows each):
-   ``arm_routes`` (lay the batch into the routers' row order, then arm) + ``end_step``, no
-   forward; the same with rows already laid out is what bench_core reports for Megatron.
+   ``arm_routes`` (index the batch's rows in the routers' row order, then arm) + ``end_step``,
+   no forward; beside it the batch laid out row by row first, then armed (how it was done
+   before); the same with rows already laid out is what bench_core reports for Megatron.
 
-Usage: ``python bench_transformers.py [--json] [--rounds N] [--threads N] [--only step]``.
+Usage: ``python bench_transformers.py [--json] [--rounds N] [--threads N] [--only step]
+[--device cuda]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -110,17 +116,34 @@ class _Step:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+def _sync() -> None:
+    """Wait for the accelerator, so a step's time is its own (nothing on CPU)."""
+    if DEVICE[0].type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _clock() -> float:
+    """Process CPU time on CPU (least disturbed by other load); wall time on an accelerator."""
+    _sync()
+    return time.process_time() if DEVICE[0].type == "cpu" else time.perf_counter()
+
+
+#: Where the step and the router calls run (``--device``).
+DEVICE = [torch.device("cpu")]
+
+
 def _build_step() -> _Step:
     sizes: dict[str, Any] = {k: v for k, v in STEP.items() if k not in ("sequences", "seq_length")}
     model = tiny_model("qwen3_moe", seed=0, mlp_only_layers=[], intermediate_size=512, **sizes)
     E, K, L = STEP["num_experts"], STEP["num_experts_per_tok"], STEP["num_hidden_layers"]
     B, S = STEP["sequences"], STEP["seq_length"]
     g = torch.Generator().manual_seed(0)
-    ids_BS = torch.randint(3, STEP["vocab_size"], (B, S), generator=g)
-    mask_BS = torch.ones(B, S, dtype=torch.long)
+    ids_BS = torch.randint(3, STEP["vocab_size"], (B, S), generator=g).to(DEVICE[0])
+    mask_BS = torch.ones(B, S, dtype=torch.long, device=DEVICE[0])
+    model.to(DEVICE[0])
     rr_transformers.install()
     recorder = ReplayController(num_experts=E, top_k=K)
-    rr_transformers.attach(model, recorder)
+    rr_transformers.attach(recorder, model)
     try:
         recorder.set_mode(ReplayMode.RECORD)
         with torch.no_grad():
@@ -134,7 +157,8 @@ def _build_step() -> _Step:
     return _Step(model.train(), ids_BS, mask_BS, optimizer, _rollout_batch(recorded_BSLK, E, K, L))
 
 
-VARIANTS = ("bare", "off", "r3", "r3_no_agreement")
+VARIANTS = ("bare", "off", "r3", "r3_exact", "r3_no_agreement")
+_AGREEMENT: dict[str, bool | str] = {"r3": True, "r3_exact": "exact"}
 
 
 @contextmanager
@@ -146,8 +170,9 @@ def _variant(run: _Step, name: str) -> Iterator[ReplayController | None]:
         return
     rr_transformers.install()
     E, K = STEP["num_experts"], STEP["num_experts_per_tok"]
-    controller = ReplayController(num_experts=E, top_k=K, measure_agreement=name == "r3")
-    rr_transformers.attach(run.model, controller)
+    agreement = _AGREEMENT.get(name, False)
+    controller = ReplayController(num_experts=E, top_k=K, measure_agreement=agreement)
+    rr_transformers.attach(controller, run.model)
     try:
         if name != "off":
             controller.set_mode(ReplayMode.REPLAY)
@@ -161,10 +186,12 @@ def bench_step(rounds: int) -> dict[str, Any]:
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
     wall: dict[str, list[float]] = {name: [] for name in VARIANTS}
     try:
+        order = random.Random(0)
         for i in range(rounds + 1):
-            for name in VARIANTS[i % 4 :] + VARIANTS[: i % 4]:  # a rotating order
+            for name in order.sample(VARIANTS, len(VARIANTS)):
                 with _variant(run, name) as controller:
-                    t_wall, t_cpu = time.perf_counter(), time.process_time()
+                    _sync()
+                    t_wall, t_cpu = time.perf_counter(), _clock()
                     if controller is not None and name != "off":
                         rr_transformers.arm_routes(
                             controller, 0, run.batch, attention_mask=run.mask_BS
@@ -172,7 +199,8 @@ def bench_step(rounds: int) -> dict[str, Any]:
                     run()
                     if controller is not None:
                         controller.end_step()
-                    t_cpu, t_wall = time.process_time() - t_cpu, time.perf_counter() - t_wall
+                    t_cpu = _clock() - t_cpu
+                    t_wall = time.perf_counter() - t_wall
                 if i:  # the first round warms up
                     cpu[name].append(t_cpu)
                     wall[name].append(t_wall)
@@ -186,8 +214,8 @@ def bench_step(rounds: int) -> dict[str, Any]:
         name: layers * (parts[f"router_us_{name}"] - parts["router_us_bare"])
         for name in VARIANTS[1:]
     }
-    per_step_us["r3"] += parts["arm_routes_us"] + parts["end_step_us"]
-    per_step_us["r3_no_agreement"] += parts["arm_routes_us"] + parts["end_step_us"]
+    for name in ("r3", "r3_exact", "r3_no_agreement"):
+        per_step_us[name] += parts["arm_routes_us"] + parts["end_step_us"]
     return {
         "model": "qwen3_moe",
         "transformers": str(rr_transformers.installed_transformers_version()),
@@ -196,10 +224,12 @@ def bench_step(rounds: int) -> dict[str, Any]:
         "step_s_bare": step_s["bare"],
         "step_s_replay_off": step_s["off"],
         "step_s_replay_r3": step_s["r3"],
+        "step_s_replay_r3_exact": step_s["r3_exact"],
         "step_s_replay_r3_no_agreement": step_s["r3_no_agreement"],
         "step_overhead_ratio_r3": step_s["r3"] / step_s["bare"],
         "r3_over_off": step_s["r3"] / step_s["off"],
         "off_over_bare": step_s["off"] / step_s["bare"],
+        "r3_exact_over_bare": step_s["r3_exact"] / step_s["bare"],
         "r3_no_agreement_over_bare": step_s["r3_no_agreement"] / step_s["bare"],
         "step_ratio_r3_paired_quartiles": _quartiles(cpu["r3"], cpu["bare"]),
         "wall_step_s": wall_s,
@@ -217,18 +247,18 @@ def _parts(run: _Step, rounds: int = 30, calls: int = 10) -> dict[str, float]:
     and arm_routes / end_step for the step's micro-batch."""
     router = run.model.get_decoder().layers[0].mlp.gate
     rows = STEP["sequences"] * STEP["seq_length"]
-    hidden_NH = torch.randn(rows, STEP["hidden_size"], requires_grad=True)
+    hidden_NH = torch.randn(rows, STEP["hidden_size"], device=DEVICE[0], requires_grad=True)
     samples: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(rounds):
         for name in VARIANTS:
             with _variant(run, name) as controller:
                 if controller is not None and name != "off":
                     rr_transformers.arm_routes(controller, 0, run.batch, attention_mask=run.mask_BS)
-                start = time.process_time()
+                start = _clock()
                 for _ in range(calls):
                     weights_NK = router(hidden_NH)[1]  # (logits, gate weights, ids)
                     weights_NK.sum().backward()
-                samples[name].append((time.process_time() - start) / calls * 1e6)
+                samples[name].append((_clock() - start) / calls * 1e6)
                 if controller is not None:
                     controller.release(0)
     parts = {f"router_us_{name}": statistics.median(ts) for name, ts in samples.items()}
@@ -249,10 +279,9 @@ def _quartiles(on: list[float], off: list[float]) -> list[float]:
 
 
 def median_us(stmt: str, env: dict[str, Any], min_run_time: float = 1.0) -> float:
-    """Median process CPU time of ``stmt`` in microseconds."""
-    timer = Timer(
-        stmt=stmt, globals=env, num_threads=torch.get_num_threads(), timer=time.process_time
-    )
+    """Median process CPU time of ``stmt`` in microseconds (wall time, synchronized, on an
+    accelerator)."""
+    timer = Timer(stmt=stmt, globals=env, num_threads=torch.get_num_threads(), timer=_clock)
     return float(timer.blocked_autorange(min_run_time=min_run_time).median * 1e6)
 
 
@@ -277,7 +306,7 @@ def bench_bookkeeping() -> dict[str, Any]:
     controller = ReplayController(num_experts=E, top_k=K)
     rr_transformers.install()
     try:
-        layers = rr_transformers.attach(model, controller).layer_numbers
+        layers = rr_transformers.attach(controller, model).layer_numbers
         assert len(layers) == L
         controller.set_mode(ReplayMode.REPLAY)
         laid_NLK, replay_N = rr_transformers.routes_for_padded(batch, mask_BS)
@@ -300,6 +329,12 @@ def bench_bookkeeping() -> dict[str, Any]:
             "rt.arm_routes(ctrl, 0, decoded, position_ids=pos); ctrl.release(0)", env
         )
         layout = median_us("rt.routes_for_padded(batch, mask)", env)
+        padded_laid_out = median_us(
+            "laid_out, rows = rt.routes_for_padded(batch, mask); "
+            "ctrl.arm(0, laid_out, layer_numbers=layers, replay_mask_T=rows, validate=False); "
+            "ctrl.release(0)",
+            env,
+        )
         laid_out = median_us(
             "ctrl.arm(0, laid, layer_numbers=layers, replay_mask_T=replay, validate=False); "
             "ctrl.release(0)",
@@ -315,6 +350,7 @@ def bench_bookkeeping() -> dict[str, Any]:
         "bookkeeping_packed_us_per_microbatch_94_layers": packed + step_end,
         "bookkeeping_decoded_packed_us_per_microbatch_94_layers": decoded_packed + step_end,
         "arm_routes_padded_us": padded,
+        "arm_padded_laid_out_us": padded_laid_out,
         "arm_routes_packed_us": packed,
         "layout_padded_us": layout,
         "arm_laid_out_us": laid_out,
@@ -328,8 +364,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds of the step")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--only", choices=("step", "bookkeeping"), help="run one benchmark")
+    parser.add_argument("--device", default="cpu", help="where the step runs: cpu, cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    DEVICE[0] = torch.device(args.device)
     benches: dict[str, Callable[[], dict[str, Any]]] = {
         "step": lambda: bench_step(args.rounds),
         "bookkeeping": bench_bookkeeping,
@@ -339,6 +377,7 @@ def main() -> None:
         if args.only in (None, name):
             figures.update(bench())
     figures["torch_threads"] = torch.get_num_threads()
+    figures["device"] = str(DEVICE[0])
     if args.json:
         print(json.dumps(figures, indent=2))
         return

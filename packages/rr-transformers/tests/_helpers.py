@@ -3,6 +3,7 @@ MoE block's experts actually received, and the reference router arithmetic per f
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,45 +22,39 @@ FAMILIES = sorted(name for name, f in KNOWN_FAMILIES.items() if f.available(VERS
 def expert_inputs(model: nn.Module) -> Iterator[dict[int, list[tuple[torch.Tensor, torch.Tensor]]]]:
     """Per decoder layer (1-based), every (ids_TK, weights_TK) its experts module received."""
     seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    handles = []
-    for index, layer in enumerate(model.get_decoder().layers):
-        for module in layer.modules():
-            experts = getattr(module, "experts", None)
-            if isinstance(experts, nn.Module):
+    with contextlib.ExitStack() as hooks:
+        for index, layer in enumerate(model.get_decoder().layers):
+            for module in layer.modules():
+                experts = getattr(module, "experts", None)
+                if isinstance(experts, nn.Module):
 
-                def hook(_m, args, kwargs, layer=index + 1):
-                    ids, weights = [*args[1:3], None, None][:2]
-                    ids = kwargs.get("top_k_index", kwargs.get("router_indices", ids))
-                    weights = kwargs.get("top_k_weights", kwargs.get("routing_weights", weights))
-                    seen.setdefault(layer, []).append((ids.detach(), weights))
+                    def hook(_m, args, kwargs, layer=index + 1):
+                        ids, weights = [*args[1:3], None, None][:2]
+                        ids = kwargs.get("top_k_index", kwargs.get("router_indices", ids))
+                        weights = kwargs.get(
+                            "top_k_weights", kwargs.get("routing_weights", weights)
+                        )
+                        seen.setdefault(layer, []).append((ids.detach(), weights))
 
-                handles.append(experts.register_forward_pre_hook(hook, with_kwargs=True))
-    try:
+                    hooks.enter_context(experts.register_forward_pre_hook(hook, with_kwargs=True))
         yield seen
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager
 def router_inputs(model: nn.Module, family: Family) -> Iterator[dict[int, torch.Tensor]]:
     """Per decoder layer, the hidden states its router received (last call)."""
     seen: dict[int, torch.Tensor] = {}
-    handles = []
-    cls = family.router_class()
-    for index, layer in enumerate(model.get_decoder().layers):
-        for module in layer.modules():
-            if type(module) is cls:
+    with contextlib.ExitStack() as hooks:
+        cls = family.router_class()
+        for index, layer in enumerate(model.get_decoder().layers):
+            for module in layer.modules():
+                if type(module) is cls:
 
-                def hook(_m, args, layer=index + 1):
-                    seen[layer] = args[0].detach()
+                    def hook(_m, args, layer=index + 1):
+                        seen[layer] = args[0].detach()
 
-                handles.append(module.register_forward_pre_hook(hook))
-    try:
+                    hooks.enter_context(module.register_forward_pre_hook(hook))
         yield seen
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def routers(model: nn.Module, family: Family) -> dict[int, nn.Module]:

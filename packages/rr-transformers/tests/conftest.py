@@ -12,14 +12,6 @@ from rr_fakes.pytest_support import _no_leaked_attachments  # noqa: F401 (autous
 
 
 @pytest.fixture(autouse=True)
-def _hooks_removed() -> Iterator[None]:
-    """Fail a test that leaves rr's router hooks installed (the next test may expect none)."""
-    yield
-    left = rr_transformers.uninstall()
-    assert left == 0, f"test left {left} router hooks installed; call rr_transformers.uninstall()"
-
-
-@pytest.fixture(autouse=True)
 def _one_thread() -> Iterator[None]:
     """One intra-op thread per test process: xdist already runs a process per core, and tiny
     models lose more to thread hand-offs than they gain."""

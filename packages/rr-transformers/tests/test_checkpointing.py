@@ -189,7 +189,7 @@ def _replay_setup(
     """A model whose routes were recorded on ``batches`` and whose routers then moved."""
     model = _model(model_type, experts)
     controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    attachment = rr_transformers.attach(model, controller)
+    attachment = rr_transformers.attach(controller, model)
     routes = record(model, controller, batches)
     perturb_routers(model)  # the policy moved since the routes were recorded
     return model, controller, attachment, routes
@@ -204,7 +204,7 @@ def test_replay_under_checkpointing_matches_the_step_without(model_type, method,
     try:
         plain = train_step(model, controller, batches, armed=routes)
         enable_checkpointing(model, method)
-        layers = rr_transformers.attach(model, controller).layer_numbers  # on the wrapped layers
+        layers = rr_transformers.attach(controller, model).layer_numbers  # on the wrapped layers
         checkpointed = train_step(model, controller, batches, armed=routes)
     finally:
         controller.detach()
@@ -249,7 +249,7 @@ def test_r2_record_in_the_old_policy_forward_then_replay_in_the_checkpointed_upd
     model = _model(model_type, "eager")
     enable_checkpointing(model, "hf_non_reentrant")  # inactive under no_grad, as in trainers
     controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    layers = rr_transformers.attach(model, controller).layer_numbers
+    layers = rr_transformers.attach(controller, model).layer_numbers
     batches = {0: _tokens(20), 1: _tokens(21)}
     try:
         controller.set_mode(ReplayMode.RECORD)
@@ -290,7 +290,7 @@ def test_record_under_checkpointing_recomputes_the_recorded_routes(model_type, m
     batches = {0: _tokens(30), 1: _tokens(31)}
     model = _model(model_type, "eager")
     controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    layers = rr_transformers.attach(model, controller).layer_numbers
+    layers = rr_transformers.attach(controller, model).layer_numbers
     try:
         plain = train_step(model, controller, batches)
         enable_checkpointing(model, method)
@@ -324,7 +324,7 @@ def test_recompute_routes_as_the_forward_did_when_router_numerics_move(model_typ
     else:
         model = _model(model_type, "eager")
         controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-        attachment, armed = rr_transformers.attach(model, controller), None
+        attachment, armed = rr_transformers.attach(controller, model), None
     enable_checkpointing(model, "hf_non_reentrant")
     try:
         step = train_step(

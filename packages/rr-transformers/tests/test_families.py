@@ -6,6 +6,8 @@ own modeling code: its router, its MoE block, its experts.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -19,6 +21,17 @@ pytestmark = pytest.mark.usefixtures("hooks")
 
 def _tokens(seed: int = 0, shape: tuple[int, int] = (2, 9)) -> torch.Tensor:
     return torch.randint(3, 90, shape, generator=torch.Generator().manual_seed(seed))
+
+
+@contextlib.contextmanager
+def _attached(model):
+    """A controller attached to ``model`` and its attachment; detached on exit."""
+    controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
+    attachment = rr_transformers.attach(controller, model)
+    try:
+        yield controller, attachment
+    finally:
+        controller.detach()
 
 
 def _record(model, controller, ids):
@@ -40,14 +53,10 @@ def test_hooks_change_nothing_until_replay(model_type):
     with torch.no_grad():
         plain = model(ids).logits
     rr_transformers.install()
-    controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    attachment = rr_transformers.attach(model, controller)
-    try:
+    with _attached(model) as (controller, attachment):
         with torch.no_grad():
             attached_off = model(ids).logits
         recorded_out, recorded = _record(model, controller, ids)
-    finally:
-        controller.detach()
     assert torch.equal(plain, attached_off)
     assert torch.equal(plain, recorded_out)
     assert recorded.shape == (ids.numel(), len(attachment.layer_numbers), TOP_K)
@@ -63,9 +72,7 @@ def test_replay_forces_recorded_sets_with_the_trainers_own_weights(model_type):
     family = rr_transformers.KNOWN_FAMILIES[model_type]
     model = tiny_model(model_type)
     ids = _tokens(1)
-    controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    attachment = rr_transformers.attach(model, controller)
-    try:
+    with _attached(model) as (controller, attachment):
         _, recorded = _record(model, controller, ids)
         perturb_routers(model)
         controller.set_mode(ReplayMode.REPLAY)
@@ -78,8 +85,6 @@ def test_replay_forces_recorded_sets_with_the_trainers_own_weights(model_type):
             out = model(ids).logits
         out.float().square().mean().backward()
         report = controller.end_step()
-    finally:
-        controller.detach()
     assert sorted(seen) == list(attachment.layer_numbers)
     by_router = routers(model, family)
     for slot, layer in enumerate(attachment.layer_numbers):
@@ -99,9 +104,7 @@ def test_rows_outside_the_replay_mask_route_natively(model_type):
     family = rr_transformers.KNOWN_FAMILIES[model_type]
     model = tiny_model(model_type)
     ids = _tokens(2, (1, 12))
-    controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    attachment = rr_transformers.attach(model, controller)
-    try:
+    with _attached(model) as (controller, attachment):
         _, recorded = _record(model, controller, ids)
         perturb_routers(model)
         _, native = _record(model, controller, ids)
@@ -111,8 +114,6 @@ def test_rows_outside_the_replay_mask_route_natively(model_type):
         with expert_inputs(model) as seen, torch.no_grad():
             model(ids)
         controller.end_step()
-    finally:
-        controller.detach()
     for slot, layer in enumerate(attachment.layer_numbers):
         ((ids_TK, _),) = seen[layer]
         assert same_sets(ids_TK[mask_T], recorded[mask_T, slot])
@@ -124,16 +125,12 @@ def test_rows_outside_the_replay_mask_route_natively(model_type):
 def test_replay_with_unchanged_weights_reproduces_the_forward_bit_for_bit(model_type):
     model = tiny_model(model_type)
     ids = _tokens(3)
-    controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    attachment = rr_transformers.attach(model, controller)
-    try:
+    with _attached(model) as (controller, attachment):
         reference, recorded = _record(model, controller, ids)
         controller.set_mode(ReplayMode.REPLAY)
         controller.arm(0, recorded, layer_numbers=attachment.layer_numbers)
         with torch.no_grad():
             replayed = model(ids).logits
         report = controller.end_step()
-    finally:
-        controller.detach()
     assert torch.equal(reference, replayed)
     assert set(report.agreement.values()) == {1.0}

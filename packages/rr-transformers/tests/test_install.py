@@ -82,7 +82,7 @@ def test_replay_through_a_foreign_wrapper_raises_instead_of_routing_natively():
         rr_transformers.install()
         model = tiny_model(model_type)
         controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-        rr_transformers.attach(model, controller)
+        rr_transformers.attach(controller, model)
         controller.set_mode(ReplayMode.RECORD)
         with pytest.raises(RouterHookError, match="0 routed top-k calls"), torch.no_grad():
             model(torch.tensor([[3, 4, 5]]))

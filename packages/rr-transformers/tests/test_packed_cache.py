@@ -51,7 +51,7 @@ def setup(model: Any) -> Iterator[tuple[Any, ReplayController, RouteBatch, dict[
         "pos_1N": torch.cat([torch.arange(n) for n in LENGTHS])[None],
     }
     controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    attachment = rr_transformers.attach(model, controller)
+    attachment = rr_transformers.attach(controller, model)
     try:
         controller.set_mode(ReplayMode.RECORD)
         with torch.no_grad(), controller.microbatch("native"):

@@ -55,7 +55,7 @@ class _Watching(ReplayController):
 
 
 def _attach_for_rollout(controller: ReplayController, model: nn.Module) -> tuple[int, ...]:
-    return rr_transformers.attach(model, controller).layer_numbers
+    return rr_transformers.attach(controller, model).layer_numbers
 
 
 def _logits(model: nn.Module, ids_1S: torch.Tensor) -> torch.Tensor:
@@ -147,7 +147,7 @@ def _check_replay(
     model: nn.Module, rollouts: Sequence[Any], batch: RouteBatch, layout: str
 ) -> None:
     controller = _Watching(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    attachment = rr_transformers.attach(model, controller)
+    attachment = rr_transformers.attach(controller, model)
     inputs, arm_kw, where, n = _layout(rollouts, layout)
     try:
         assert attachment.layer_numbers == rollouts[0].moe_layer_numbers

@@ -34,7 +34,7 @@ def test_a_family_rr_does_not_know_is_refused_by_name(model_type, overrides):
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides))
     controller = _controller()
     with pytest.raises(UnknownFamilyError, match=f"model_type '{model_type}'.*known: deepseek_v3"):
-        rr_transformers.attach(model, controller)
+        rr_transformers.attach(controller, model)
     assert controller.layer_numbers == ()
 
 
@@ -54,7 +54,7 @@ def test_a_router_that_is_not_the_familys_own_is_refused():
     block = model.get_decoder().layers[1].mlp
     block.gate = RemoteCodeGate(block.gate)
     with pytest.raises(UnknownFamilyError, match=r"decoder layer 1 .* RemoteCodeGate"):
-        rr_transformers.attach(model, _controller())
+        rr_transformers.attach(_controller(), model)
 
 
 @pytest.mark.parametrize(
@@ -62,20 +62,32 @@ def test_a_router_that_is_not_the_familys_own_is_refused():
 )
 def test_sizes_must_match_the_controller(sizes, match):
     with pytest.raises(WalkError, match=match):
-        rr_transformers.attach(tiny_model("qwen3_moe"), _controller(*sizes))
+        rr_transformers.attach(_controller(*sizes), tiny_model("qwen3_moe"))
 
 
 @pytest.mark.parametrize("model_type", [t for t in ("deepseek_v3", "gpt_oss") if t in FAMILIES])
 def test_the_score_function_must_match_the_routes(model_type):
     with pytest.raises(WalkError, match="recorded with 'softmax'"):
-        rr_transformers.attach(tiny_model(model_type), _controller(), score_function="softmax")
+        rr_transformers.attach(_controller(), tiny_model(model_type), score_function="softmax")
 
 
-def test_attach_takes_a_model_and_a_controller():
-    with pytest.raises(WalkError, match="PreTrainedModel; got str"):
-        rr_transformers.attach("qwen3_moe", _controller())  # type: ignore[arg-type]
-    with pytest.raises(WalkError, match="ReplayController; got dict"):
-        rr_transformers.attach(tiny_model("qwen3_moe"), {})  # type: ignore[arg-type]
+def test_attach_takes_a_controller_and_a_model():
+    with pytest.raises(ReplayError, match=r"torch.nn.Module .*got 'qwen3_moe' \(str\)"):
+        rr_transformers.attach(_controller(), "qwen3_moe")
+    with pytest.raises(ReplayError, match=r"ReplayController as its controller; got \{\} \(dict\)"):
+        rr_transformers.attach({}, tiny_model("qwen3_moe"))  # type: ignore[arg-type]
+
+
+def test_the_order_of_earlier_releases_still_attaches_with_a_warning():
+    model, controller = tiny_model("qwen3_moe"), _controller()
+    with pytest.warns(DeprecationWarning, match=r"attach\(controller, model\)"):
+        attachment = rr_transformers.attach(model, controller)  # type: ignore[arg-type]
+    try:
+        assert attachment.layer_numbers == controller.layer_numbers != ()
+        assert attachment.adapter == "transformers"
+    finally:
+        rr_transformers.detach(controller)
+        rr_transformers.uninstall()
 
 
 @pytest.mark.parametrize(
@@ -112,7 +124,7 @@ def test_a_block_that_stops_calling_its_router_fails_the_step():
     model = tiny_model("qwen3_moe")
     block_class = type(model.get_decoder().layers[1].mlp)
     controller = _controller()
-    attachment = rr_transformers.attach(model, controller)
+    attachment = rr_transformers.attach(controller, model)
     ids = torch.tensor([[3, 4, 5, 6]])
     controller.set_mode(ReplayMode.RECORD)
     with torch.no_grad():

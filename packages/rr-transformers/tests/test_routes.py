@@ -19,6 +19,7 @@ from torch import nn
 
 from rr_core import AlignmentError, ReplayController, ReplayMode, RouteBatch, RouteMeta, router_topk
 from rr_transformers import arm_routes, routes_for_packed, routes_for_padded
+from rr_transformers._routes import rows_for_padded
 
 E = 8
 EXAMPLES = 300  # per property; each example is a few small tensor ops
@@ -103,6 +104,22 @@ def test_padded_layout_matches_a_per_token_loop(case):
     assert routes_NLK.dtype == case.batch.values_NLK.dtype
     assert torch.equal(routes_NLK, expected_NLK)
     assert torch.equal(replay_N, expected_N)
+
+
+@PROPERTY
+@given(padded_cases())
+def test_the_padded_row_index_points_at_the_rows_the_layout_holds(case):
+    """What arm_routes arms a padded batch with: an index into the batch's own rows that
+    replays exactly the laid-out routes, and the same replay mask."""
+    routes_NLK, replay_N = routes_for_padded(case.batch, case.layout)
+    rows_N, index_replay_N = rows_for_padded(case.batch, case.layout)
+    assert rows_N.dtype == torch.int64
+    assert rows_N.shape == replay_N.shape
+    assert torch.equal(index_replay_N, replay_N)
+    if case.batch.values_NLK.shape[0]:
+        assert int(rows_N.min()) >= 0
+        assert int(rows_N.max()) < case.batch.values_NLK.shape[0]
+        assert torch.equal(case.batch.values_NLK[rows_N][replay_N], routes_NLK[replay_N])
 
 
 @PROPERTY

@@ -29,7 +29,7 @@ def test_layer_numbers_are_the_decoder_layers_holding_the_familys_router(model_t
     )
     controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
     try:
-        attachment = rr_transformers.attach(model, controller)
+        attachment = rr_transformers.attach(controller, model)
     finally:
         controller.detach()
     assert attachment.layer_numbers == routed == controller_layers(model_type)
@@ -60,7 +60,7 @@ def test_a_vision_language_model_is_walked_on_its_language_model_only():
     model = Qwen3_5MoeForConditionalGeneration(config)
     controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
     try:
-        attachment = rr_transformers.attach(model, controller)
+        attachment = rr_transformers.attach(controller, model)
     finally:
         controller.detach()
     assert attachment.model_type == "qwen3_5_moe_text"
@@ -80,7 +80,7 @@ def test_a_router_outside_the_decoder_is_not_attached_and_routes_natively():
     decoder = model.get_decoder()
     model.mtp = NextTokenHead(decoder.layers[2])
     controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-    attachment = rr_transformers.attach(model, controller)
+    attachment = rr_transformers.attach(controller, model)
     try:
         assert attachment.layer_numbers == (2, 3)
         head_router = model.mtp.layer.mlp.gate

@@ -27,20 +27,13 @@ import base64
 import gc
 import io
 import json
-import os
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from bench_common import alternate, report
 
-ENGINE_ENV = {
-    "VLLM_USE_V2_MODEL_RUNNER": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-}
 MAX_MODEL_LEN = 256
 
 
@@ -87,16 +80,6 @@ def npy_base64(rows: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, rows, allow_pickle=False)
     return base64.b64encode(buffer.getvalue())
-
-
-def alternate(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def run(prompts: int, tokens: int, repeat: int) -> dict[str, Any]:
@@ -153,8 +136,9 @@ def run(prompts: int, tokens: int, repeat: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    for key, value in ENGINE_ENV.items():
-        os.environ.setdefault(key, value)
+    from rr_fakes.hf_checkpoints import set_vllm_cpu_env
+
+    set_vllm_cpu_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
@@ -168,11 +152,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(result, handle)
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:30s} {value:.3f}" if isinstance(value, float) else f"{key:30s} {value}")
+    report(result, args.json, width=30)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,6 @@ defaults are the rollout step of 256 x 4096 tokens, about 400 MB).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -37,12 +35,19 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_common import alternate, report, sizes_parser
 
 from rr_core import RouteMeta, buffers, kernels
 from rr_core.routes import idcheck_words
 from rr_vllm import decode_vllm_batch, decode_vllm_output, to_trainer_layout, validate_samples
 
 LAYERS, EXPERTS, TOP_K = 48, 128, 8
+META = RouteMeta(
+    num_experts=EXPERTS,
+    top_k=TOP_K,
+    layer_axis="all_layers",
+    layer_numbers=tuple(range(1, LAYERS + 1)),
+)
 
 
 def requests(samples: int, tokens: int, *, vary: bool = False) -> list[Any]:
@@ -90,17 +95,6 @@ def best(fn: Callable[[], object], repeat: int) -> float:
     return min(times)
 
 
-def alternate(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    """Seconds of each candidate in each of ``repeat`` rounds, the candidates run in turn."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 def ratios(times: dict[str, list[float]], base: str) -> dict[str, float]:
     """Median over rounds of ``base``'s time over each candidate's time in the same round."""
     return {
@@ -118,12 +112,7 @@ def thread_counts() -> list[int]:
 
 
 def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
-    meta = RouteMeta(
-        num_experts=EXPERTS,
-        top_k=TOP_K,
-        layer_axis="all_layers",
-        layer_numbers=tuple(range(1, LAYERS + 1)),
-    )
+    meta = META
     reqs = requests(samples, tokens)
     payload = np.stack([r.outputs[0].routed_experts for r in reqs])
     target = np.empty_like(payload)
@@ -220,18 +209,8 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=256)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args()
-    result = run(args.samples, args.tokens, args.repeat)
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:34s} {value:.3f}" if isinstance(value, float) else f"{key:34s} {value}")
+    args = sizes_parser(__doc__, samples=256).parse_args()
+    report(run(args.samples, args.tokens, args.repeat), args.json, width=34)
 
 
 if __name__ == "__main__":

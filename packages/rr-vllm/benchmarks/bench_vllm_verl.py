@@ -17,12 +17,16 @@ ships). ``rr_over_verl`` is the median over rounds of each path's time over verl
 round (goal: at most 1), ``bytes_over_verl`` what the path ships per token over verl's int16
 (goal: at most 0.5).
 
+``expand`` alternates the trainer side alone, :func:`rr_vllm.to_verl_nested` of each codec's
+routes (and verl's conversion where verl imports), under each kernel family (numba where it
+imports, numpy): ``over_raw`` is the median over rounds of each codec's time over ``raw``'s in
+the same round (goal for ``set``: at most 2).
+
 Usage: ``python bench_vllm_verl.py [--samples 64] [--tokens 4096] [--repeat 7] [--json]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import warnings
@@ -32,7 +36,8 @@ from typing import Any
 import torch
 
 # the rollout capture and the timer of the assembly benchmark next to this file
-from bench_vllm import EXPERTS, LAYERS, TOP_K, alternate, best, requests
+from bench_common import alternate, sizes_parser
+from bench_vllm import EXPERTS, LAYERS, META, TOP_K, available_kernels, best, requests
 
 from rr_core import CODECS, RouteMeta, kernels
 from rr_vllm import decode_vllm_batch, pack_batch_for_verl, to_trainer_layout, to_verl_nested
@@ -54,12 +59,7 @@ def verl_functions() -> tuple[Any, Any] | None:
 
 
 def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
-    meta = RouteMeta(
-        num_experts=EXPERTS,
-        top_k=TOP_K,
-        layer_axis="all_layers",
-        layer_numbers=tuple(range(1, LAYERS + 1)),
-    )
+    meta = META
     reqs = requests(samples, tokens, vary=True)
     prompts = [len(r.prompt_token_ids) for r in reqs]
     result: dict[str, Any] = {
@@ -97,6 +97,7 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     else:
         result["verl_ms"] = None
     batch = decode_vllm_batch(reqs, meta)
+    shipped: dict[str, Any] = {}
     for codec in CODECS:
 
         def pack(codec: str = codec) -> Any:
@@ -104,7 +105,7 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
                 decode_vllm_batch(reqs, meta), prompts, codec=codec, validate=False
             )
 
-        routes = pack()
+        routes = shipped[codec] = pack()
         ours = to_verl_nested(routes)
         equal = None
         if theirs is not None:
@@ -123,9 +124,33 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
             "expand_ms": best(lambda r=routes: to_verl_nested(r), repeat) * 1e3,
             "equal_to_verl": equal,
         }
+    result["expand"] = expand(shipped, convert if verl is not None else None, repeat)
     if verl is not None:
         result["side_by_side"] = side_by_side(reqs, meta, prompts, tokens, convert, repeat)
     return result
+
+
+def expand(
+    shipped: dict[str, Any], verl_convert: Callable[[], Any] | None, repeat: int
+) -> dict[str, Any]:
+    """The trainer side per kernel family: each codec's to_verl_nested (and verl's conversion)
+    in alternation; medians, and each path's time over raw's in the same round."""
+    out: dict[str, Any] = {}
+    for family in available_kernels():
+        with kernels.use_kernel(family):
+            paths = {codec: (lambda r=r: to_verl_nested(r)) for codec, r in shipped.items()}
+            if verl_convert is not None:
+                paths["verl"] = verl_convert
+            to_verl_nested(shipped["set"])  # compiles the kernels outside the timing
+            times = alternate(paths, repeat)
+        out[family] = {
+            "ms": {name: statistics.median(ts) * 1e3 for name, ts in times.items()},
+            "over_raw": {
+                name: statistics.median(t / r for t, r in zip(ts, times["raw"], strict=True))
+                for name, ts in times.items()
+            },
+        }
+    return out
 
 
 def side_by_side(
@@ -184,12 +209,7 @@ def side_by_side(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=64)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args()
+    args = sizes_parser(__doc__, samples=64).parse_args()
     result = run(args.samples, args.tokens, args.repeat)
     if args.json:
         print(json.dumps(result))

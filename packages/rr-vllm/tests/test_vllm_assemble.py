@@ -29,10 +29,9 @@ from rr_vllm import (
     truncate_sample,
     validate_samples,
 )
-from vllm_testing import distinct_routes, make_meta
+from vllm_testing import META, distinct_routes
 
 L, K = 4, 2
-META = make_meta(dense=(1,))
 
 
 def routes(rows: int, seed: int = 0, meta: RouteMeta = META) -> np.ndarray:

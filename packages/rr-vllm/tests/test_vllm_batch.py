@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from rr_core import RouteBatch, RouteMeta
-from rr_fakes.engines import Faults, VllmEra, vllm_request_output
+from rr_fakes.engines import Faults, VllmEra
 from rr_vllm import decode_vllm_batch, decode_vllm_output, validate_samples
-from rr_vllm._batch import _direct
-from rr_vllm._decode import _compact_dtype, read_request
-from vllm_testing import distinct_routes, make_meta
+from rr_vllm.options import compact_dtype
+from rr_vllm.vllm.batch import _direct
+from rr_vllm.vllm.decode import read_request
+from vllm_testing import distinct_routes, fake_vllm_output, make_meta
 
 K = 2
 
@@ -27,17 +28,15 @@ def outputs(
     for i, (p, g) in enumerate([(5, 4), (3, 1), (7, 6), (4, 9), (6, 2)]):
         ids = distinct_routes(meta, p + g - 1, seed=i)
         out.append(
-            vllm_request_output(
+            fake_vllm_output(
                 era,
-                prompt_ids=list(range(100, 100 + p)),
-                generated_ids=list(range(200, 200 + g)),
-                routes_TLK=ids,
-                num_experts=meta.num_experts,
-                moe_layer_numbers=meta.moe_layer_numbers,
+                meta,
+                ids,
+                p,
+                g,
                 prompt_start=min(prompt_start, p) if era.has_prompt_start else 0,
                 request_id=str(i),
                 faults=(faults or {}).get(i, Faults()),
-                use_real_vllm=False,
             )
         )
     return out
@@ -69,7 +68,7 @@ def test_clean_batches_match(era: VllmEra, num_experts: int, prompt_start: int) 
     meta = make_meta(num_experts, dense=(1,))
     outs = outputs(era, meta, prompt_start=prompt_start)
     direct = era.has_prompt_start and num_experts <= 256  # 0.22+ returns uint8 up to 256
-    assert _direct([read_request(o) for o in outs], _compact_dtype(num_experts)) == direct
+    assert _direct([read_request(o) for o in outs], compact_dtype(num_experts)) == direct
     same_outcome(
         lambda: decode_vllm_batch(outs, meta, prompt_start=prompt_start),
         lambda: reference(outs, meta, prompt_start=prompt_start),

@@ -229,17 +229,17 @@ def test_prompt_longer_than_prompt_length_is_refused() -> None:
         max_new_tokens(3, prompt_length=0, response_length=16, max_model_len=64)
 
 
+def _fields(version: str, **kw: int) -> dict[str, int]:
+    """vLLM ``version``'s sampling fields for a 5-token prompt, 8 + 16 tokens, a 64-token model."""
+    return vllm_sampling_fields(
+        5, prompt_length=8, response_length=16, max_model_len=64, vllm_version=version, **kw
+    )
+
+
 @pytest.mark.parametrize("version", ["0.22.0", "0.33.0"])
 @pytest.mark.parametrize("prompt_start", [0, 3, 5])
 def test_sampling_fields_with_prompt_start(version: str, prompt_start: int) -> None:
-    fields = vllm_sampling_fields(
-        5,
-        prompt_length=8,
-        response_length=16,
-        max_model_len=64,
-        prompt_start=prompt_start,
-        vllm_version=version,
-    )
+    fields = _fields(version, prompt_start=prompt_start)
     # P = 5 kills the EngineCore of 0.22-0.29 (G4): P - 1 goes out there
     sent = 4 if (version, prompt_start) == ("0.22.0", 5) else prompt_start
     assert fields == {"max_tokens": 16, "routed_experts_prompt_start": sent}
@@ -247,32 +247,16 @@ def test_sampling_fields_with_prompt_start(version: str, prompt_start: int) -> N
 
 @pytest.mark.parametrize("version", ["0.14.0", "0.21.0"])
 def test_prompt_start_before_0_22(version: str) -> None:
-    fields = vllm_sampling_fields(
-        5, prompt_length=8, response_length=16, max_model_len=64, vllm_version=version
-    )
+    fields = _fields(version)
     assert fields == {"max_tokens": 16}
     with pytest.raises(CaptureError, match=r"0\.22"):
-        vllm_sampling_fields(
-            5,
-            prompt_length=8,
-            response_length=16,
-            max_model_len=64,
-            prompt_start=2,
-            vllm_version=version,
-        )
+        _fields(version, prompt_start=2)
 
 
 @pytest.mark.parametrize("prompt_start", [-1, 6])
 def test_prompt_start_outside_the_prompt_is_refused(prompt_start: int) -> None:
     with pytest.raises(CaptureError, match=r"outside 0\.\.P=5"):
-        vllm_sampling_fields(
-            5,
-            prompt_length=8,
-            response_length=16,
-            max_model_len=64,
-            prompt_start=prompt_start,
-            vllm_version="0.33.0",
-        )
+        _fields("0.33.0", prompt_start=prompt_start)
 
 
 def test_sglang_request_fields() -> None:

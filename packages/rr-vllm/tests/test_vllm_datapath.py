@@ -1,9 +1,10 @@
 """The data path of decode_vllm_batch: completions placed on several threads give the batch and
 the first error (in completion order) that one thread gives; ``validate=False`` skips only
-rr_core's id checks; the row-count check refuses exactly what rr_core's align_routes refuses."""
+rr_core's id checks; the decoders' row-count check is rr_core's, the one align_routes runs."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,8 +14,13 @@ import torch
 
 from rr_core import AlignmentError, RouteMeta, RouteValidationError, align_routes
 from rr_fakes.engines import Faults, VllmEra, vllm_request_output
-from rr_vllm import EngineOutputError, decode_vllm_batch, decode_vllm_output, validate_samples
-from rr_vllm._validate import check_row_count
+from rr_vllm import (
+    EngineOutputError,
+    decode_routes_array,
+    decode_vllm_batch,
+    decode_vllm_output,
+    validate_samples,
+)
 from vllm_testing import distinct_routes, make_meta
 
 
@@ -99,24 +105,40 @@ def test_validate_false_still_checks_structure() -> None:
         decode_vllm_batch(physical, meta, validate=False, logical_experts=8)
 
 
-def test_row_count_check_refuses_what_align_routes_refuses_and_a_g4_shift() -> None:
-    """align_routes' counts, but for T - prompt_start rows from prompt_start > 0: that is a
-    request sent with P - 1 (G4) decoded with P, which would shift every row by one."""
-    for num_tokens in range(5):
-        for prompt_start in range(-1, 7):
-            for num_rows in range(7):
-                try:
-                    align_routes(
-                        torch.empty((num_rows, 0, 0), dtype=torch.int8),
-                        num_tokens,
+def test_decoders_accept_the_rows_align_routes_accepts_and_refuse_a_g4_shift() -> None:
+    """One row rule (rr_core's check_route_rows) on both sides: a decoded array is accepted
+    exactly when align_routes accepts it, and T - prompt_start rows from prompt_start > 0 (a
+    request sent with P - 1, G4, decoded with P) are refused by both, never read one row late."""
+    meta = RouteMeta(num_experts=4, top_k=1, layer_axis="all_layers", layer_numbers=(1,))
+    for p in range(5):
+        for g in range(3):
+            t = p + g
+            for prompt_start in range(-1, p + 2):
+                for num_rows in range(t + 2):
+                    rows = np.zeros((num_rows, 1, 1), dtype=np.uint8)
+                    try:
+                        align_routes(torch.from_numpy(rows), t, prompt_start=prompt_start)
+                        accepted = True
+                    except AlignmentError:
+                        accepted = False
+                    shifted = 0 < prompt_start < t and num_rows == t - prompt_start
+                    decode = functools.partial(
+                        decode_routes_array,
+                        rows,
+                        meta,
+                        num_prompt_tokens=p,
+                        num_generated_tokens=g,
                         prompt_start=prompt_start,
+                        finish_reason="stop",
                     )
-                    accepted = True
-                except AlignmentError:
-                    accepted = False
-                shifted = 0 < prompt_start < num_tokens and num_rows == num_tokens - prompt_start
-                if accepted and not shifted:
-                    check_row_count(num_rows, num_tokens, prompt_start)
-                else:
-                    with pytest.raises(AlignmentError, match="G4" if shifted else ""):
-                        check_row_count(num_rows, num_tokens, prompt_start)
+                    if prompt_start < 0:
+                        with pytest.raises(EngineOutputError, match="prompt_start"):
+                            decode()
+                    elif accepted:
+                        assert not shifted
+                        sample = decode()
+                        assert sample is not None
+                        assert int(sample.valid_T.sum()) == num_rows
+                    else:
+                        with pytest.raises(AlignmentError, match="G4" if shifted else "D1|num_tok"):
+                            decode()

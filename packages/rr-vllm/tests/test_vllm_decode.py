@@ -21,7 +21,6 @@ from rr_fakes.engines import (
     VllmEra,
     sglang_response,
     vllm_http_response,
-    vllm_request_output,
 )
 from rr_vllm import (
     EngineOutputError,
@@ -34,7 +33,7 @@ from rr_vllm import (
     sglang_base64_to_array,
     validate_samples,
 )
-from vllm_testing import distinct_routes, make_meta
+from vllm_testing import distinct_routes, fake_vllm_output, make_meta
 
 P, G, L, K = 5, 4, 4, 2
 ALL_ERAS = list(VllmEra)
@@ -46,16 +45,7 @@ def make_routes(meta: RouteMeta, rows: int = P + G - 1, seed: int = 0) -> np.nda
 
 
 def build(era: VllmEra, meta: RouteMeta, routes: np.ndarray, **kw: Any) -> Any:
-    return vllm_request_output(
-        era,
-        prompt_ids=list(range(100, 100 + P)),
-        generated_ids=list(range(200, 200 + G)),
-        routes_TLK=routes,
-        num_experts=meta.num_experts,
-        moe_layer_numbers=meta.moe_layer_numbers,
-        use_real_vllm=False,
-        **kw,
-    )
+    return fake_vllm_output(era, meta, routes, P, G, **kw)
 
 
 def one(samples: list[SampleRoutes | None]) -> SampleRoutes:

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from rr_core import RouteBatch, RRError
-from rr_fakes.engines import VllmEra, sglang_response, vllm_http_response, vllm_request_output
+from rr_fakes.engines import VllmEra, sglang_response, vllm_http_response
 from rr_vllm import (
     EngineOutputError,
     VerlRoutes,
@@ -43,10 +43,9 @@ from rr_vllm import (
     unreplayable_rows,
     validate_samples,
 )
-from vllm_testing import distinct_routes, make_meta
+from vllm_testing import META, distinct_routes, fake_vllm_output
 
 P, G, L, K = 5, 4, 4, 2
-META = make_meta(dense=(1,))
 ROUTES = distinct_routes(META, P + G - 1)
 EXAMPLES = 300
 SETTINGS = settings(
@@ -340,15 +339,7 @@ def structural_mutants(draw: st.DrawFn, valid: dict[str, Any]) -> Any:
 
 
 def vllm_output(era: VllmEra = VllmEra.V0_22) -> Any:
-    return vllm_request_output(
-        era,
-        prompt_ids=list(range(100, 100 + P)),
-        generated_ids=list(range(200, 200 + G)),
-        routes_TLK=ROUTES,
-        num_experts=META.num_experts,
-        moe_layer_numbers=META.moe_layer_numbers,
-        use_real_vllm=False,
-    )
+    return fake_vllm_output(era, META, ROUTES, P, G)
 
 
 VALID_HTTP = vllm_http_response(vllm_output())

@@ -22,11 +22,10 @@ from rr_vllm import (
     vllm_flags,
     vllm_sampling_fields,
 )
-from vllm_testing import distinct_routes, make_meta
+from vllm_testing import META, distinct_routes
 
 CRASHING = ["0.22.0", "0.22.1", "0.25.1", "0.27.1", "0.28.0", "0.29.0"]
 FIXED = ["0.30.0", "0.31.0", "0.32.0", "0.33.0"]
-META = make_meta(dense=(1,))
 
 
 def _fields(p: int, start: int, version: str) -> dict[str, int]:
@@ -84,11 +83,10 @@ def test_the_emulated_engine_dies_on_p_before_0_30() -> None:
     assert out.outputs[0].routed_experts.shape[0] == 2
 
 
-def _guarded(p: int, g: int, start: int, version: str, seed: int) -> tuple[object, np.ndarray]:
-    era = "0.32+" if vllm_flags(version).aux_output_store else "0.22-0.31"
-    routes = distinct_routes(META, p + g - 1, seed=seed)
-    sent = _fields(p, start, version)["routed_experts_prompt_start"]
-    out = vllm_request_output(
+def _answer(era: str, p: int, g: int, routes: np.ndarray, sent: int, version: str) -> object:
+    """vLLM ``version``'s answer to ``p`` prompt tokens (ids from 0) and ``g`` generated ones
+    (from 100), routed as ``routes``, to a request sent with ``prompt_start=sent``."""
+    return vllm_request_output(
         era,
         prompt_ids=range(p),
         generated_ids=range(100, 100 + g),
@@ -97,6 +95,13 @@ def _guarded(p: int, g: int, start: int, version: str, seed: int) -> tuple[objec
         prompt_start=sent,
         engine_version=version,
     )
+
+
+def _guarded(p: int, g: int, start: int, version: str, seed: int) -> tuple[object, np.ndarray]:
+    era = "0.32+" if vllm_flags(version).aux_output_store else "0.22-0.31"
+    routes = distinct_routes(META, p + g - 1, seed=seed)
+    sent = _fields(p, start, version)["routed_experts_prompt_start"]
+    out = _answer(era, p, g, routes, sent, version)
     (sample,) = decode_vllm_output(out, META, prompt_start=sent)
     assert sample is not None
     return drop_rows_before(sample, start), routes
@@ -162,15 +167,7 @@ def test_decoding_the_sent_p_minus_1_answer_with_p_is_refused_not_shifted(versio
     routes = distinct_routes(META, p + g - 1, seed=5)
     sent = _fields(p, p, version)["routed_experts_prompt_start"]
     assert sent == p - 1
-    out = vllm_request_output(
-        "0.22-0.31",
-        prompt_ids=range(p),
-        generated_ids=range(100, 100 + g),
-        routes_TLK=routes,
-        num_experts=8,
-        prompt_start=sent,
-        engine_version=version,
-    )
+    out = _answer("0.22-0.31", p, g, routes, sent, version)
     with pytest.raises(AlignmentError, match=r"sent with prompt_start=5.*G4"):
         decode_vllm_output(out, META, prompt_start=p)
     with pytest.raises(AlignmentError, match="G4"):

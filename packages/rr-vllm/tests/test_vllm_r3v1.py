@@ -21,7 +21,7 @@ from rr_core import RRError
 from rr_fakes.engines import r3v1_payload, r3v1_raw, r3v1_wrap
 from rr_vllm import EngineOutputError, decode_r3v1, read_r3v1_header, validate_samples
 from rr_vllm._supported import R3V1_EXTRA
-from vllm_testing import distinct_routes, make_meta
+from vllm_testing import META, distinct_routes, make_meta
 
 pytest.importorskip("zstandard")
 
@@ -29,7 +29,6 @@ EXAMPLES = 200
 SETTINGS = settings(
     max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-META = make_meta(dense=(1,))  # 4 layers, 3 MoE, top-2, 8 experts
 T, P = 9, 5
 
 

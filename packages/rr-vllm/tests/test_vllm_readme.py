@@ -25,6 +25,32 @@ def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "96000000 {'max_tokens': 2048, 'routed_experts_prompt_start': 0}" in out
     assert "[4] [True, True, True, False]" in out
     assert "1.44 12\ntorch.int16 [0, 5, 9]\n[[2, 3], [2, 3], [2, 3], [0, 0]]" in out
+    assert "[False, False, True, True, False] uint8" in out
+    assert "SGLang 0.5.23 with speculative_algorithm NGRAM returns all-zero generated rows" in out
+    assert "merged [True, True, True, True, False]" in out
+
+
+def test_readme_layout_lists_every_module_once() -> None:
+    """The Layout tree names each module of the package (one line each, under its
+    subpackage), and no module that does not exist."""
+    tree = README.read_text().split("## Layout")[1].split("```text\n")[1].split("```")[0]
+    listed, package = set(), ""
+    for line in tree.splitlines()[1:]:
+        name = line.strip().split()[0].rstrip(",")
+        if line.startswith("    "):
+            listed.add(f"{package}{name}")
+        elif name.endswith("/"):
+            package = name
+        else:
+            package = ""
+            listed.update(n.strip() for n in line.split("  ")[1].split(",") if n.strip())
+    src = ROOT / "src" / "rr_vllm"
+    on_disk = {
+        str(f.relative_to(src))
+        for f in [*src.glob("*.py"), *src.glob("*.pyi"), *src.glob("*/*.py")]
+        if not (f.parent != src and f.name == "__init__.py")
+    }
+    assert listed == on_disk
 
 
 def test_readme_extra_and_doctor_state_the_version_data() -> None:

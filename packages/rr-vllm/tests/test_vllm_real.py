@@ -30,10 +30,9 @@ from rr_vllm import (  # noqa: E402
     vllm_flags,
     vllm_sampling_fields,
 )
-from vllm_testing import distinct_routes, make_meta  # noqa: E402
+from vllm_testing import META, distinct_routes  # noqa: E402
 
 P, G = 5, 4
-META = make_meta(dense=(1,))
 
 
 def routes(rows: int = P + G - 1, seed: int = 0) -> np.ndarray:
@@ -85,23 +84,19 @@ def test_request_output_add_keeps_the_terminal_routes() -> None:
     )
     last = copy.copy(c)
     last.token_ids = list(c.token_ids[2:])
-    agg = outputs.RequestOutput(
-        request_id="r",
-        prompt=None,
-        prompt_token_ids=list(range(P)),
-        prompt_logprobs=None,
-        outputs=[first],
-        finished=False,
-    )
-    tail = outputs.RequestOutput(
-        request_id="r",
-        prompt=None,
-        prompt_token_ids=list(range(P)),
-        prompt_logprobs=None,
-        outputs=[last],
-        finished=True,
-    )
-    agg.add(tail, aggregate=True)
+
+    def answer(completion: Any, finished: bool) -> Any:
+        return outputs.RequestOutput(
+            request_id="r",
+            prompt=None,
+            prompt_token_ids=list(range(P)),
+            prompt_logprobs=None,
+            outputs=[completion],
+            finished=finished,
+        )
+
+    agg = answer(first, finished=False)
+    agg.add(answer(last, finished=True), aggregate=True)
     assert list(agg.outputs[0].token_ids) == list(c.token_ids)
     (s,) = decode_vllm_output(agg, META)
     assert s is not None

@@ -28,10 +28,9 @@ from rr_vllm import (
     validate_samples,
 )
 from rr_vllm._supported import TESTED_SGLANG
-from vllm_testing import distinct_routes, make_meta
+from vllm_testing import META, distinct_routes
 
 P, G = 6, 4
-META = make_meta(dense=(1,))
 ROUTES = distinct_routes(META, P + G - 1, seed=3)
 #: One release of each era (SGLANG_FEATURES): capture, start_len declared, OpenAI sglext,
 #: tokenizer-manager encoding, detokenizer again, start_len honoured, chat meta_info, newest.

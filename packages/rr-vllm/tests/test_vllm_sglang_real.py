@@ -65,12 +65,11 @@ from rr_vllm import (  # noqa: E402
     validate_samples,
 )
 from rr_vllm._supported import SGLANG_CAPTURER_MODULE, SGLANG_ENCODER  # noqa: E402
-from vllm_testing import distinct_routes, make_meta  # noqa: E402
+from vllm_testing import META, distinct_routes  # noqa: E402
 
 VERSION = importlib.metadata.version("sglang")
 FLAGS = sglang_flags(VERSION)
 P, G, START = 6, 4, 2
-META = make_meta(dense=(1,))
 ROUTES = distinct_routes(META, P + G - 1, seed=5)
 needs_sglext = pytest.mark.skipif(not FLAGS.openai_sglext, reason="no sglext before 0.5.9")
 
@@ -311,3 +310,83 @@ def test_openai_request_start_len_field() -> None:
             model="m", prompt="x", return_routed_experts=True, routed_experts_start_len=START
         )
         assert not hasattr(req, "routed_experts_start_len")
+
+
+def _server_args_fields() -> dict[str, Any]:
+    """Every ServerArgs field of the wheel and its default, read from the source: the dataclass
+    in server_args.py (0.5.7-0.5.2x) and the arg_groups/fields namespaces (0.5.23). ServerArgs
+    itself needs triton on import (sglang/srt/utils/common.py), a CUDA-only wheel."""
+    files = [ROOT / "sglang/srt/server_args.py"]
+    files += sorted((ROOT / "sglang/srt/arg_groups/fields").glob("*.py"))
+    fields: dict[str, Any] = {}
+    for path in files:
+        if not path.exists():
+            continue
+        for cls in (
+            n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)
+        ):
+            for stmt in cls.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    try:
+                        default = ast.literal_eval(stmt.value) if stmt.value else None
+                    except ValueError:
+                        default = "<expression>"
+                    fields.setdefault(stmt.target.id, default)
+    return fields
+
+
+def test_server_args_fields_rr_reads_exist_with_the_emulated_defaults() -> None:
+    from rr_fakes.engines import SERVER_FIELDS, sglang_server_info
+    from rr_vllm import CaptureError, sglang_engine_config
+
+    fields = _server_args_fields()
+    assert "enable_return_routed_experts" in fields  # the capture flag: the scan found ServerArgs
+    for name, (_, default) in SERVER_FIELDS.items():
+        assert name in fields, f"ServerArgs of {VERSION} has no {name}"
+        if name != "chunked_prefill_size":  # None in ServerArgs, resolved by the launcher
+            assert fields[name] == default, (name, fields[name])
+    defaults = {name: fields[name] for name in SERVER_FIELDS} | {"chunked_prefill_size": 8192}
+    config = sglang_engine_config(defaults, sglang_version=VERSION)
+    assert config.speculative is None
+    assert config.hierarchical_cache is False
+    with pytest.raises(CaptureError, match="E7"):
+        sglang_engine_config(sglang_server_info(VERSION, speculative_algorithm="NGRAM"))
+
+
+def _speculative_algorithms(tree: ast.Module) -> set[str]:
+    """The algorithm names a wheel's spec_info defines: members of the SpeculativeAlgorithm
+    enum (0.5.9+), or the first argument of each registration call (0.5.7's registry)."""
+    enums = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ClassDef) and n.name == "SpeculativeAlgorithm"
+    ]
+    members = {
+        t.id
+        for enum in enums
+        for s in enum.body
+        if isinstance(s, ast.Assign)
+        for t in s.targets
+        if isinstance(t, ast.Name) and not t.id.startswith("_")
+    }
+    registered = {
+        call.args[0].value
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "attr", getattr(call.func, "id", "")).startswith("register")
+        and call.args
+        and isinstance(call.args[0], ast.Constant)
+        and isinstance(call.args[0].value, str)
+    }
+    return members | registered
+
+
+def test_speculative_algorithm_names_rr_refuses_are_the_wheels() -> None:
+    _, tree = _source("sglang.srt.speculative.spec_info")
+    names = _speculative_algorithms(tree)
+    from rr_vllm.engine_config import SGLANG_TREE_ALGORITHMS
+
+    # NEXTN is an alias the launcher resolves to EAGLE (arg_groups/cp_tp_group_sharing_hook.py).
+    assert SGLANG_TREE_ALGORITHMS - {"NEXTN"} <= names
+    if Version(VERSION) >= Version("0.5.23"):  # read in that wheel: spec_info.py
+        assert "NGRAM" in names

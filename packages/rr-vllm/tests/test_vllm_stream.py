@@ -13,25 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rr_fakes.engines import Faults, openai_stream, vllm_generate_stream, vllm_request_output
+from rr_fakes.engines import Faults, openai_stream, vllm_generate_stream
 from rr_vllm import EngineOutputError, RouteStoreEvictedError, decode_vllm_stream
-from vllm_testing import distinct_routes, make_meta
-
-META = make_meta(dense=(1,))
-
-
-def _output(p: int = 6, g: int = 5, start: int = 0, seed: int = 0, **kw: Any) -> Any:
-    routes = distinct_routes(META, p + g - 1, seed=seed)
-    out = vllm_request_output(
-        "0.32+",
-        prompt_ids=range(10, 10 + p),
-        generated_ids=range(100, 100 + g),
-        routes_TLK=routes,
-        num_experts=8,
-        prompt_start=start,
-        **kw,
-    )
-    return out, routes
+from vllm_testing import META, streamed_output
 
 
 def _check(sample: Any, routes: np.ndarray, p: int, g: int, start: int) -> None:
@@ -44,7 +28,7 @@ def _check(sample: Any, routes: np.ndarray, p: int, g: int, start: int) -> None:
 @pytest.mark.parametrize("chunk_tokens", [1, 2, 5, 50])
 @pytest.mark.parametrize("form", ["text", "lines", "bytes", "parsed"])
 def test_final_chunk_routes_decode(chunk_tokens: int, form: str) -> None:
-    out, routes = _output(start=2)
+    out, routes = streamed_output(start=2)
     events = vllm_generate_stream(out, chunk_tokens=chunk_tokens, include_usage=True)
     stream: Any = {
         "text": ["".join(events)],
@@ -57,7 +41,7 @@ def test_final_chunk_routes_decode(chunk_tokens: int, form: str) -> None:
 
 
 def test_prompt_ids_from_the_caller_and_text_mode() -> None:
-    out, routes = _output()
+    out, routes = streamed_output()
     events = vllm_generate_stream(out, return_token_ids=False, output_mode="text")
     with pytest.raises(EngineOutputError, match="return_token_ids"):
         decode_vllm_stream(events, META)
@@ -66,8 +50,8 @@ def test_prompt_ids_from_the_caller_and_text_mode() -> None:
 
 
 def test_n_choices_share_the_first_chunks_prompt() -> None:
-    out, routes = _output(seed=1)
-    other, routes_b = _output(g=3, seed=2)
+    out, routes = streamed_output(seed=1)
+    other, routes_b = streamed_output(g=3, seed=2)
     second = other.outputs[0]
     second.index = 1
     out.outputs.append(second)
@@ -78,7 +62,7 @@ def test_n_choices_share_the_first_chunks_prompt() -> None:
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_openai_streams_are_refused_by_name(chat: bool) -> None:
-    out, _ = _output()
+    out, _ = streamed_output()
     with pytest.raises(
         EngineOutputError, match=r"vLLM RFC #56745; see `rr explain G5`.*inference/v1/generate"
     ):
@@ -86,7 +70,7 @@ def test_openai_streams_are_refused_by_name(chat: bool) -> None:
 
 
 def test_an_openai_chunk_without_its_object_is_refused_too() -> None:
-    out, _ = _output()
+    out, _ = streamed_output()
     chunks = [json.loads(e[6:]) for e in openai_stream(out)[:-1]]
     for c in chunks:
         del c["object"]
@@ -95,13 +79,13 @@ def test_an_openai_chunk_without_its_object_is_refused_too() -> None:
 
 
 def test_a_finished_stream_without_routes_is_refused() -> None:
-    out, _ = _output()
+    out, _ = streamed_output()
     with pytest.raises(EngineOutputError, match="never returned"):
         decode_vllm_stream(vllm_generate_stream(out, drop_routes=True), META)
 
 
 def test_an_aborted_stream_is_masked_or_dropped() -> None:
-    out, _ = _output(faults=Faults(abort_after_rows=2))
+    out, _ = streamed_output(faults=Faults(abort_after_rows=2))
     events = vllm_generate_stream(out, drop_routes=True)
     (masked,) = decode_vllm_stream(events, META)
     assert masked is not None
@@ -112,7 +96,7 @@ def test_an_aborted_stream_is_masked_or_dropped() -> None:
 
 @pytest.mark.parametrize("cut", ["no_done", "no_final"])
 def test_a_cut_stream_is_refused(cut: str) -> None:
-    out, _ = _output()
+    out, _ = streamed_output()
     events = vllm_generate_stream(out)
     events = events[:-1] if cut == "no_done" else [*events[:-2], events[-1]]
     with pytest.raises(EngineOutputError, match="is cut"):
@@ -120,7 +104,7 @@ def test_a_cut_stream_is_refused(cut: str) -> None:
 
 
 def test_routes_before_the_final_chunk_are_refused() -> None:
-    out, _ = _output()
+    out, _ = streamed_output()
     chunks = [json.loads(e[6:]) for e in vllm_generate_stream(out)[:-1]]
     chunks[0]["choices"][0]["routed_experts"] = chunks[-1]["choices"][0]["routed_experts"]
     with pytest.raises(EngineOutputError, match="before the choice finished"):
@@ -128,7 +112,7 @@ def test_routes_before_the_final_chunk_are_refused() -> None:
 
 
 def test_versions_before_0_24_stream_no_routes() -> None:
-    out, routes = _output()
+    out, routes = streamed_output()
     events = vllm_generate_stream(out)
     with pytest.raises(EngineOutputError, match=r"0\.24\.0"):
         decode_vllm_stream(events, META, vllm_version="0.23.0")
@@ -159,7 +143,7 @@ def test_any_stream_decodes_exactly_or_raises(
     p: int, g: int, chunk_tokens: int, data: st.DataObject
 ) -> None:
     start = data.draw(st.integers(0, p))
-    out, routes = _output(p, g, start)
+    out, routes = streamed_output(p, g, start)
     events = vllm_generate_stream(out, chunk_tokens=chunk_tokens)
     fault = data.draw(st.sampled_from(["none", "drop", "truncate_text", "flip"]))
     if fault == "drop":

@@ -28,6 +28,7 @@ from rr_core import (
     decode_routes,
 )
 from rr_core import bytes_per_token as codec_bytes_per_token
+from rr_core.codecs import scatter
 from rr_fakes.engines import (
     Faults,
     VllmEra,
@@ -40,7 +41,6 @@ from rr_vllm import (
     EngineOutputError,
     SampleRoutes,
     VerlRoutes,
-    _verl,
     assemble_multi_turn,
     concat_verl_routes,
     decode_routes_array,
@@ -314,7 +314,7 @@ def test_expansion_equals_decode_routes(
 ) -> None:
     """Interleaved dense layers (several slot ranges), tool rows without a route: both ways of
     writing the ids into place give rr_core's decode, cast to int16."""
-    monkeypatch.setattr(_verl, "_MAX_BLOCKS", max_blocks)
+    monkeypatch.setattr(scatter, "MAX_BLOCKS", max_blocks)
     meta = make_meta(num_experts=16, dense=(1, 3), layers=6, top_k=4)
     r = rollout("vllm_uint8", meta)
     turn = r.samples[2]
@@ -425,14 +425,21 @@ def verl_padded_batch(
     return worker._postprocess(asyncio.run(each())).batch
 
 
-@pytest.mark.parametrize("codec", CODECS)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("fmt", ["vllm_int32", "vllm_uint8", "sglang"])
-def test_nested_equals_verl_transfer_queue_path(
-    verl: SimpleNamespace, fmt: str, layout: str, codec: str
-) -> None:
+@pytest.fixture(
+    params=list(itertools.product(["vllm_int32", "vllm_uint8", "sglang"], LAYOUTS, CODECS)),
+    ids="-".join,
+)
+def verl_case(request: pytest.FixtureRequest) -> tuple[Rollout, RouteMeta, str]:
+    """A rollout in each engine format verl reads (fmt), over each layout, and a codec."""
+    fmt, layout, codec = request.param
     meta = LAYOUTS[layout]
-    r = rollout(fmt, meta)
+    return rollout(fmt, meta), meta, codec
+
+
+def test_nested_equals_verl_transfer_queue_path(
+    verl: SimpleNamespace, verl_case: tuple[Rollout, RouteMeta, str]
+) -> None:
+    r, meta, codec = verl_case
     theirs = verl_jagged(verl, r)
     ours = to_verl_nested(pack_for_verl(r.samples, meta, codec=codec))
     assert theirs.is_nested
@@ -445,14 +452,10 @@ def test_nested_equals_verl_transfer_queue_path(
         assert a.shape == b.shape
 
 
-@pytest.mark.parametrize("codec", CODECS)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("fmt", ["vllm_int32", "vllm_uint8", "sglang"])
 def test_padded_equals_verl_dataproto_path(
-    verl: SimpleNamespace, fmt: str, layout: str, codec: str
+    verl: SimpleNamespace, verl_case: tuple[Rollout, RouteMeta, str]
 ) -> None:
-    meta = LAYOUTS[layout]
-    r = rollout(fmt, meta)
+    r, meta, codec = verl_case
     batch = verl_padded_batch(verl, r, PROMPT_LENGTH, RESPONSE_LENGTH)
     routes = pack_for_verl(r.samples, meta, codec=codec)
     padded = to_verl_padded(routes, prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH)

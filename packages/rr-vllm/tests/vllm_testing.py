@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rr_core import RouteMeta
 from rr_fakes import distinct_ids
+from rr_fakes.engines import VllmEra, vllm_request_output
 
 
 def make_meta(
@@ -21,9 +24,48 @@ def make_meta(
     )
 
 
+#: The tests' usual layout: 4 layers, the first dense, 8 experts, top-2.
+META = make_meta(dense=(1,))
+
+
 def distinct_routes(meta: RouteMeta, rows: int, seed: int = 0) -> np.ndarray:
     """``[rows, L, K]`` int64: K distinct ids per MoE slot, zeros on dense slots."""
     layers, e, k = len(meta.layer_numbers), meta.num_experts, meta.top_k
     ids = distinct_ids(rows, layers, num_experts=e, top_k=k, seed=seed).numpy()
     ids[:, list(meta.dense_slots)] = 0
     return ids
+
+
+def fake_vllm_output(
+    era: VllmEra, meta: RouteMeta, routes_TLK: np.ndarray, p: int, g: int, **kw: Any
+) -> Any:
+    """The fake's (never vLLM's own) ``RequestOutput`` of ``era``: prompt ids ``100..100+p``,
+    generated ids ``200..200+g``, routed as ``routes_TLK`` over ``meta``'s layers."""
+    return vllm_request_output(
+        era,
+        prompt_ids=list(range(100, 100 + p)),
+        generated_ids=list(range(200, 200 + g)),
+        routes_TLK=routes_TLK,
+        num_experts=meta.num_experts,
+        moe_layer_numbers=meta.moe_layer_numbers,
+        use_real_vllm=False,
+        **kw,
+    )
+
+
+def streamed_output(
+    p: int = 6, g: int = 5, start: int = 0, seed: int = 0, **kw: Any
+) -> tuple[Any, np.ndarray]:
+    """A vLLM 0.32+ answer (prompt ids from 10, generated from 100, sent with
+    ``prompt_start=start``) over :data:`META`, and the routes it carries."""
+    routes = distinct_routes(META, p + g - 1, seed=seed)
+    out = vllm_request_output(
+        "0.32+",
+        prompt_ids=range(10, 10 + p),
+        generated_ids=range(100, 100 + g),
+        routes_TLK=routes,
+        num_experts=8,
+        prompt_start=start,
+        **kw,
+    )
+    return out, routes

@@ -1,12 +1,17 @@
 """The public names of rr_core, each listed once. ``__init__.py`` reads this file and loads each
 name from its module on first use (lazy_loader), so ``import rr_core`` imports no torch."""
 
+from .adapters import (
+    Adapter as Adapter,
+    Attachment as Attachment,
+)
 from .codecs.encoding import (
     CODECS as CODECS,
     CodecName as CodecName,
     EncodedRoutes as EncodedRoutes,
     bytes_per_token as bytes_per_token,
     decode_routes as decode_routes,
+    decode_routes_into as decode_routes_into,
     encode_routes as encode_routes,
     payload_bytes as payload_bytes,
 )
@@ -67,6 +72,10 @@ from .replay.align import (
     replay_mask_for_lengths as replay_mask_for_lengths,
     truncate_routes as truncate_routes,
 )
+from .routes.rows import (
+    check_route_rows as check_route_rows,
+    expected_route_rows as expected_route_rows,
+)
 from .replay.controller import (
     ReplayController as ReplayController,
     ReplayMode as ReplayMode,
@@ -92,6 +101,7 @@ from .routes.batch import (
     PaddingSide as PaddingSide,
     RouteBatch as RouteBatch,
     RouteMeta as RouteMeta,
+    holds_ids as holds_ids,
     narrow_ids as narrow_ids,
     narrowest_dtype as narrowest_dtype,
 )

@@ -3,8 +3,10 @@
 otherwise. Each compiled kernel has a numpy twin that gives the same result bit for bit.
 
 ``RR_KERNEL=numpy`` (or :func:`use_kernel` in tests and benchmarks) picks numpy where numba is
-installed. The kernels: the id checks of byte rows (:mod:`rr_core.routes.idcheck_numba`) and the
-set codec's ranking and packing of top-8 byte rows (:mod:`rr_core.codecs.sets_numba`).
+installed. The kernels: the id checks of byte rows (:mod:`rr_core.routes.idcheck_numba`), the
+set codec's ranking and packing of top-8 byte rows (:mod:`rr_core.codecs.sets_numba`), and the
+decoders of the ``set`` and ``packed`` payloads straight into the caller's layout
+(:mod:`rr_core.codecs.decode_numba`).
 """
 
 from __future__ import annotations

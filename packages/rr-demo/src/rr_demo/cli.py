@@ -1,5 +1,6 @@
-"""``rr demo``: the main job end to end on CPU (real megatron-core or transformers; a real vLLM
-engine where the CPU build runs, the emulated engine otherwise or with ``--engine emulated``).
+"""``rr demo``: the command over :mod:`rr_demo.chain` (flags, the screen, the table, the plot):
+the main job end to end on CPU (real megatron-core or transformers; a real vLLM engine where
+the CPU build runs, the emulated engine otherwise or with ``--engine emulated``).
 
 Registered through rr-demo's ``rr.commands`` entry point. Nothing heavy is imported until the
 command runs, so ``rr --help`` and ``rr doctor`` stay fast.
@@ -202,7 +203,8 @@ def _run(args: argparse.Namespace) -> int:
         held = _Captured()
         try:
             with captured() as held:
-                from rr_demo.run import DemoConfig, TransformersDemoConfig, run_demo
+                from rr_demo.chain import run_demo
+                from rr_demo.config import DemoConfig, TransformersDemoConfig
 
                 cfg: DemoConfig | TransformersDemoConfig = DemoConfig(engine=args.engine)
                 if args.backend == "transformers":
@@ -237,7 +239,7 @@ def backend_problem(args: argparse.Namespace) -> str | None:
         return None if args.family is None else "--family needs --backend transformers"
     hint = "pip install 'rr-demo[transformers]'"
     try:
-        from rr_demo.transformers_run import demo_families
+        from rr_demo.trainer_transformers import demo_families
 
         families = demo_families()
     except ImportError as exc:
@@ -254,10 +256,10 @@ def engine_problem(args: argparse.Namespace) -> str | None:
     engine = getattr(args, "engine", "auto")
     if engine != "vllm":
         return None
-    from rr_demo.engine import engine_family_problem, vllm_problem
+    from rr_demo.engine_vllm import problem as engine_vllm_problem
 
     family = args.family if args.backend == "transformers" else None
-    problem = vllm_problem() or engine_family_problem(args.backend, family)
+    problem = engine_vllm_problem(args.backend, family)
     return None if problem is None else f"--engine vllm: {problem}"
 
 

@@ -40,7 +40,7 @@ from torch.utils.backend_registration import rename_privateuse1_backend
 
 # The one table of what HCCL accepts lives with the policy that depends on it (an import-free
 # module: no torch_npu, no CANN).
-from rr_npu._collectives import HCCL_COLLECTIVE_DTYPES as _HCCL_DTYPE_NAMES
+from rr_npu import HCCL_COLLECTIVE_DTYPES as _HCCL_DTYPE_NAMES
 
 NPU = "npu"
 _DEFAULT_NAME = "privateuseone"

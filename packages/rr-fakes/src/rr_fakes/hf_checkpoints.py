@@ -39,11 +39,28 @@ from typing import Any
 import torch
 
 from rr_core import RouteMeta
+from rr_fakes import hf_models
 from rr_fakes.hf_models import routers_of
 
 NUM_EXPERTS, TOP_K, HIDDEN, VOCAB = 8, 2, 64, 128
 NUM_LAYERS = 4
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+#: vLLM's settings for serving these checkpoints on its CPU build: the V1 model runner, a 1 GiB
+#: CPU KV cache, no OpenMP thread binding (a shared machine), the engine core in this process.
+VLLM_CPU_ENV = {
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+
+def set_vllm_cpu_env() -> None:
+    """Set each of :data:`VLLM_CPU_ENV` that is not set yet (vLLM reads them on import)."""
+    for key, value in VLLM_CPU_ENV.items():
+        os.environ.setdefault(key, value)
+
 
 _COMMON: dict[str, Any] = {
     "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 64,
@@ -53,11 +70,8 @@ _COMMON: dict[str, Any] = {
     "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
 }  # fmt: skip
 
-_GROUPED: dict[str, Any] = {
-    "n_routed_experts": NUM_EXPERTS, "moe_intermediate_size": 32, "n_shared_experts": 1,
-    "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1, "norm_topk_prob": True,
-    "routed_scaling_factor": 2.5,
-}  # fmt: skip
+#: The grouped families' routing (8 experts in 4 groups, 2 kept), with wider experts.
+_GROUPED: dict[str, Any] = {**hf_models._GROUPED, "moe_intermediate_size": 32}
 
 #: Per family (its ``model_type``): what it adds to the common sizes. Each is a family that
 #: vLLM's CPU path and transformers' modeling code both implement.

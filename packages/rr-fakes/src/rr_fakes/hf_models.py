@@ -8,6 +8,7 @@ router weight at a scale that spreads the routing (transformers initialises some
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -105,6 +106,18 @@ def perturb_routers(model: nn.Module, scale: float = 0.3, *, seed: int = 1) -> N
         for router in routers_of(model):
             noise = torch.randn(router.weight.shape, generator=generator) * scale
             router.weight.add_(noise.to(router.weight))
+
+
+def right_padded(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` ``[B, S]`` (int64) of token sequences, each padded
+    on the right with zeros to the longest one."""
+    S = max(len(s) for s in sequences)
+    ids_BS = torch.zeros(len(sequences), S, dtype=torch.long)
+    mask_BS = torch.zeros(len(sequences), S, dtype=torch.long)
+    for b, tokens in enumerate(sequences):
+        ids_BS[b, : len(tokens)] = torch.tensor(tokens)
+        mask_BS[b, : len(tokens)] = 1
+    return ids_BS, mask_BS
 
 
 def _version() -> str:

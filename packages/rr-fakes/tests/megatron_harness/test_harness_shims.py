@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 from packaging.version import Version
 
+from rr_fakes import pins
 from rr_fakes.megatron import MEGATRON_LINES, MEGATRON_RANGE, megatron_cpu, megatron_flags
-from rr_megatron_compat import _supported as supported
+from rr_megatron_compat import SUPPORTED
 
 
 def test_flags_describe_the_installed_line() -> None:
@@ -21,11 +22,9 @@ def test_flags_describe_the_installed_line() -> None:
     installed = Version(importlib.metadata.version("megatron-core"))
     assert flags.version == Version(installed.base_version)
     assert flags.line in MEGATRON_LINES
-    assert MEGATRON_LINES is supported.MEGATRON_LINES  # compat's data, not a second table
-    assert supported.SUPPORTED["megatron-core"] == MEGATRON_RANGE
-    assert {f.name for f in dataclasses.fields(flags)} - {"version"} == set(
-        supported.HARNESS_FEATURES
-    )
+    assert MEGATRON_LINES is pins.MEGATRON_LINES  # the pins' table, not a second one
+    assert SUPPORTED["megatron-core"] == MEGATRON_RANGE
+    assert {f.name for f in dataclasses.fields(flags)} - {"version"} == set(pins.HARNESS_FEATURES)
 
 
 def cuda_surface() -> dict[str, object]:

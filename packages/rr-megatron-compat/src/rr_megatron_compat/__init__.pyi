@@ -2,9 +2,6 @@
 ``__init__.py`` loads each name from its
 module on first use (lazy_loader)."""
 
-from ._attach import (
-    attach as attach,
-)
 from ._config import (
     enable_replay as enable_replay,
     replay_config_fields as replay_config_fields,
@@ -19,7 +16,11 @@ from ._guards import (
     check_replay_config as check_replay_config,
 )
 from ._install import (
+    ADAPTER as ADAPTER,
+    MegatronAdapter as MegatronAdapter,
     RRProxy as RRProxy,
+    attach as attach,
+    detach as detach,
     install as install,
     installed_hooks as installed_hooks,
     is_installed as is_installed,
@@ -36,6 +37,9 @@ from ._pipeline import (
     rank_moe_layer_numbers as rank_moe_layer_numbers,
     split_rank_routes as split_rank_routes,
     stack_rank_routes as stack_rank_routes,
+)
+from ._schedule import (
+    replay_forward_step as replay_forward_step,
 )
 from ._supported import (
     SUPPORTED as SUPPORTED,

@@ -1,4 +1,6 @@
-"""Attach an rr controller to a Megatron model, with the checks that make replay exact or raise."""
+"""The checks that make replay on a Megatron model exact or raise, then the attach itself
+(called by :class:`~rr_megatron_compat._install.MegatronAdapter`, whose ``attach`` has checked the
+controller, the model and that the hooks are installed)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,18 @@ from typing import Any
 from torch import nn
 
 from rr_core import ReplayController, ReplayError, walk_routers
-from rr_megatron_compat._checks import check_controller, check_flag, check_model
+from rr_core.checks import check_flag
 from rr_megatron_compat._guards import ReplayConfigError, check_replay_config
-from rr_megatron_compat._install import is_installed
 from rr_megatron_compat._stats import ignore_unreplayed_rows
 from rr_megatron_compat._versions import megatron_line
 
 
-def attach(
+def check_attach_options(capacity: str, ignore_unreplayed_in_stats: bool) -> None:
+    check_flag(ignore_unreplayed_in_stats, "ignore_unreplayed_in_stats", ReplayError)
+    check_replay_config(None, capacity=capacity)
+
+
+def attach_routers(
     controller: ReplayController,
     model: nn.Module | Sequence[nn.Module],
     *,
@@ -23,20 +29,13 @@ def attach(
     ignore_unreplayed_in_stats: bool = False,
 ) -> tuple[int, ...]:
     """``controller.attach(model)`` for a Megatron model (or its VPP chunks), after checking
-    that the hooks are installed and that every router can be driven: its config passes
+    that every router can be driven: its config passes
     :func:`check_replay_config`, it has E / K equal to the controller's, and on 0.16+ it was
     built with ``moe_enable_routing_replay`` (:func:`enable_replay`). Routers are addressed by
     walking the forwarded model, never through Megatron's global RouterReplay list (A1), and
     MTP routers are never attached (A4). ``ignore_unreplayed_in_stats`` (C4) keeps rows outside
     the replay mask out of the expert-bias token counts. Returns the layer numbers attached."""
-    check_controller(controller, "rr_megatron_compat.attach")
-    check_model(model, "rr_megatron_compat.attach")
-    check_flag(ignore_unreplayed_in_stats, "ignore_unreplayed_in_stats", ReplayError)
-    check_replay_config(None, capacity=capacity)
-    if not is_installed():
-        raise ReplayError(
-            "rr's Megatron hooks are not installed; call rr_megatron_compat.install() first"
-        )
+    check_attach_options(capacity, ignore_unreplayed_in_stats)
     native = megatron_line().native_replay
     walked = walk_routers(model)
     for layer, router in walked:

@@ -38,6 +38,21 @@ def parse_moe_layer_freq(freq: object, num_layers: int) -> int | tuple[int, ...]
     parsed without ``eval``.
     """
     num_layers = as_index(num_layers, "num_layers", LayoutError)
+    if num_layers < 1:
+        raise LayoutError(f"num_layers must be >= 1; got {num_layers}")
+    parsed = _parse_freq(freq, num_layers)
+    if isinstance(parsed, int):
+        if parsed < 1:
+            raise LayoutError(f"moe_layer_freq as an int must be >= 1; got {freq!r}")
+    elif len(parsed) != num_layers or not set(parsed) <= {0, 1}:
+        raise LayoutError(
+            f"moe_layer_freq {freq!r} must hold one 0/1 entry per decoder layer "
+            f"(num_layers={num_layers}); got {len(parsed)} entries {list(parsed)}"
+        )
+    return parsed
+
+
+def _parse_freq(freq: object, num_layers: int) -> int | tuple[int, ...]:
     if isinstance(freq, str):
         return _parse_freq_string(freq, num_layers)
     if isinstance(freq, bool):

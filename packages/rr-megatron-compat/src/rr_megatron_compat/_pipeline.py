@@ -134,6 +134,12 @@ def split_rank_routes(
     _check_cfg(cfg, "split_rank_routes")
     if routes_TmK is not None:
         _check_block(routes_TmK, "routes_TmK ([T, m, K] route ids)", 3)
+    counts = [len(moe_ordinals_of_stage(cfg, pp_rank, vp)) for vp in _vp_stages(cfg)]
+    if routes_TmK is not None and routes_TmK.shape[-2] != sum(counts):
+        raise LayoutError(
+            f"routes_TmK has shape {tuple(routes_TmK.shape)}: pipeline rank {pp_rank} holds "
+            f"{sum(counts)} MoE layers (dim -2 of [T, m, K]), not {routes_TmK.shape[-2]}"
+        )
     out: dict[tuple[int, int | None], torch.Tensor] = {}
     start = 0
     for vp in _vp_stages(cfg):

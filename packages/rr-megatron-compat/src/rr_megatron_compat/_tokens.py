@@ -36,7 +36,9 @@ def _check_rank(rank: object, size: object, what: str) -> tuple[int, int]:
     """(rank, size) as ints (numpy / torch integer scalars qualify), rank in ``0..size - 1``."""
     r = as_index(rank, f"the {what} rank", AlignmentError)
     n = as_index(size, f"the {what} size", AlignmentError)
-    if n < 1 or not 0 <= r < n:
+    if not 1 <= n < 2**31:
+        raise AlignmentError(f"the {what} size must be in [1, 2**31); got {n}")
+    if not 0 <= r < n:
         raise AlignmentError(f"{what} rank {r} is outside 0..{n - 1} (size {n})")
     return r, n
 
@@ -263,6 +265,11 @@ def thd_pack(
         )
     for i, r in enumerate(routes):
         _routes(r, f"routes[{i}] ([T_i, L, K] route ids)", 3)
+        if r.shape[1:] != routes[0].shape[1:]:
+            raise AlignmentError(
+                f"thd_pack: every sequence's routes share one [L, K]; routes[0] is "
+                f"{list(routes[0].shape[1:])}, routes[{i}] is {list(r.shape[1:])}"
+            )
     if masks is not None and (isinstance(masks, torch.Tensor) or not isinstance(masks, Sequence)):
         raise AlignmentError(
             f"thd_pack takes masks as a list of [T_i] bool tensors; got {type(masks).__name__}"

@@ -17,6 +17,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from rr_core import RRError
+from rr_core.features import feature_flags
 from rr_megatron_compat._supported import MEGATRON_FEATURES, SUPPORTED
 
 DISTRIBUTION = "megatron-core"
@@ -92,8 +93,7 @@ def line_flags(version: Version | str) -> MegatronLine:
         raise UnsupportedMegatronError(
             f"{version!r} is not a megatron-core version (expected e.g. '0.16.0')"
         ) from error
-    flags = {name: v in SpecifierSet(spec) for name, spec in MEGATRON_FEATURES.items()}
-    return MegatronLine(version=v, **flags)
+    return feature_flags(MegatronLine, MEGATRON_FEATURES, v, version=v)
 
 
 def installed_version() -> Version | None:

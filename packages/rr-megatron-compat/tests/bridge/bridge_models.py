@@ -183,7 +183,6 @@ class Calls:
 def watch(routers: Sequence[nn.Module]) -> Iterator[Calls]:
     """Record every forward call of ``routers`` (not the backward recompute)."""
     calls = Calls()
-    handles = []
 
     def hook(router: nn.Module, args: Any, output: Any) -> None:
         if torch._C._current_graph_task_id() != -1:  # recompute inside backward
@@ -194,13 +193,10 @@ def watch(routers: Sequence[nn.Module]) -> Iterator[Calls]:
         calls.used.setdefault(id(router), []).append(map_ids(output[1].detach()))
         calls.native.setdefault(id(router), []).append(native)
 
-    for router in routers:
-        handles.append(router.register_forward_hook(hook))
-    try:
+    with contextlib.ExitStack() as hooks:
+        for router in routers:
+            hooks.enter_context(router.register_forward_hook(hook))
         yield calls
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def check_native_scoring(chunk: nn.Module) -> None:

@@ -94,6 +94,23 @@ def capture_ids(
     seen.update(log.id_lists())
 
 
+def replay_armed(
+    controller: Any,
+    chunks: Sequence[torch.nn.Module],
+    armed: Sequence[torch.Tensor],
+    layer_numbers: Sequence[int],
+) -> None:
+    """Set ``controller`` to replay ``armed[mb]`` in micro-batch ``mb`` and clear the chunks'
+    gradients for the step."""
+    from rr_core import ReplayMode
+
+    controller.set_mode(ReplayMode.REPLAY)
+    for mb, routes in enumerate(armed):
+        controller.arm(mb, routes, layer_numbers=layer_numbers)
+    for chunk in chunks:
+        chunk.zero_grad(set_to_none=True)
+
+
 def sorted_rows(routes_TK: torch.Tensor) -> list[list[int]]:
     """The id set of each row, as the routing map holds it (a repeated id collapses)."""
     return [sorted(set(row)) for row in routes_TK.tolist()]
@@ -132,7 +149,7 @@ def pp_r3_rank() -> dict[str, Any]:
         cfg = rmc.layout_config(chunks[0].config)
         pp_rank = ps.get_pipeline_model_parallel_rank()
         controller = ReplayController(num_experts=E, top_k=K)
-        layers = rmc.attach(controller, chunks)
+        layers = rmc.attach(controller, chunks).layer_numbers
         try:
             batches = microbatches(4)
             # rollout side: record every stage's routers, gather all MoE layers on every rank
@@ -153,11 +170,7 @@ def pp_r3_rank() -> dict[str, Any]:
             targets = [rmc.batch_to_router_rows(r) for r in rollout]
             stage_layers = stage_moe_layer_numbers(cfg, pp_rank)
             armed = [select_stage(t, cfg, "moe_layers", pp_rank) for t in targets]
-            controller.set_mode(ReplayMode.REPLAY)
-            for mb, routes in enumerate(armed):
-                controller.arm(mb, routes, layer_numbers=stage_layers)
-            for chunk in chunks:
-                chunk.zero_grad(set_to_none=True)
+            replay_armed(controller, chunks, armed, stage_layers)
             with capture_ids(chunks) as seen:
                 losses = run_step(chunks, batches, controller)
             report = controller.end_step()
@@ -233,7 +246,7 @@ def ep_duplicates_rank() -> dict[str, Any]:
         out: dict[str, Any] = {"rank": rank, "losses": {}, "seen": {}, "grads": {}}
         for name, chunks in models.items():
             controller = ReplayController(num_experts=E, top_k=K)
-            layers = rmc.attach(controller, chunks)
+            layers = rmc.attach(controller, chunks).layer_numbers
             try:
                 controller.set_mode(ReplayMode.REPLAY)
                 try:
@@ -293,7 +306,7 @@ def vpp_recompute_rank() -> dict[str, Any]:
     from megatron.core import parallel_state as ps
 
     import rr_megatron_compat as rmc
-    from rr_core import ReplayController, ReplayMode, moe_layer_numbers, select_stage
+    from rr_core import ReplayController, moe_layer_numbers, select_stage
 
     rmc.install()
     try:
@@ -316,14 +329,10 @@ def vpp_recompute_rank() -> dict[str, Any]:
         grads = {}
         for name, chunks in (("recompute", recompute), ("plain", plain)):
             controller = ReplayController(num_experts=E, top_k=K)
-            layers = rmc.attach(controller, chunks)
+            layers = rmc.attach(controller, chunks).layer_numbers
             try:
                 assert layers == tuple(sorted(rank_layers))
-                controller.set_mode(ReplayMode.REPLAY)
-                for mb, routes in enumerate(armed):
-                    controller.arm(mb, routes, layer_numbers=rank_layers)
-                for chunk in chunks:
-                    chunk.zero_grad(set_to_none=True)
+                replay_armed(controller, chunks, armed, rank_layers)
                 with capture_ids(chunks) as seen:
                     out[f"losses_{name}"] = run_step(chunks, batches, controller)
                 controller.end_step()

@@ -74,7 +74,7 @@ def dynamic_cp_rank(local_cp_size: int) -> tuple[bool, bool, int]:
     from megatron.core import parallel_state as ps
 
     from rr_fakes.megatron import megatron_cpu
-    from rr_megatron_compat._verl_layout import from_router_rows, to_router_rows
+    from rr_megatron_compat.verl._rows import from_router_rows, to_router_rows
 
     with megatron_cpu():
         util = __import__("verl.models.mcore.util", fromlist=["preprocess_thd_engine"])
@@ -97,8 +97,11 @@ def dynamic_cp_rank(local_cp_size: int) -> tuple[bool, bool, int]:
             tf = SimpleNamespace(fp8=None, sequence_parallel=False)
             ours, _mask = to_router_rows(routes, None, None, tf, local_cp_size)
             same = bool(torch.equal(ours, theirs.squeeze(0)))
-            back = from_router_rows(ours, lengths, tf, local_cp_size)
-            restored = bool(torch.equal(back, routes.values()))
+            input_ids = torch.nested.as_nested_tensor(
+                [torch.arange(n) for n in lengths], layout=torch.jagged
+            )
+            back = from_router_rows(ours, input_ids, None, tf, local_cp_size)
+            restored = bool(torch.equal(back.values(), routes.values()))
             return same, restored, int(ours.shape[0])
         finally:
             del ps.get_dynamic_data_context_parallel_groups
@@ -118,7 +121,7 @@ def test_dynamic_cp_rows_equal_verls_packing_and_gather_back(local_cp_size: int)
 def test_dynamic_cp_without_megatrons_groups_raises_naming_them() -> None:
     from rr_fakes.megatron import model_parallel
     from rr_megatron_compat import ReplayConfigError
-    from rr_megatron_compat._verl_layout import to_router_rows
+    from rr_megatron_compat.verl._rows import to_router_rows
 
     with model_parallel():
         from megatron.core import parallel_state as ps
@@ -131,3 +134,35 @@ def test_dynamic_cp_without_megatrons_groups_raises_naming_them() -> None:
         tf = SimpleNamespace(fp8=None, sequence_parallel=False)
         with pytest.raises(ReplayConfigError, match="get_dynamic_data_context_parallel_groups"):
             to_router_rows(routes, None, None, tf, 2)
+
+
+def duck_pp_gather_rank() -> tuple[list[Any], list[Any], bool]:
+    """rr's pp_gather with a config of only the pipeline fields (what verl's callers pass):
+    rank r holds r + 1 MoE layers of ids 10 * r + layer; dense and jagged maps."""
+    import torch.distributed as dist
+
+    import rr_megatron_compat.verl as rv
+    from rr_fakes.megatron import megatron_cpu
+
+    with megatron_cpu():
+        rank = dist.get_rank()
+        layers = torch.arange(rank + 1, dtype=torch.int16) + 10 * rank  # [m]
+        dense = layers.view(1, 1, -1, 1).expand(2, 3, -1, 2).contiguous()  # [B=2, S=3, m, K=2]
+        jagged = torch.nested.nested_tensor_from_jagged(
+            dense.reshape(6, -1, 2), torch.tensor([0, 2, 6])
+        )
+        cfg = SimpleNamespace(pipeline_model_parallel_size=2)
+        out_dense = rv.pp_gather(dense, cfg)
+        out_jagged = rv.pp_gather(jagged, cfg)
+        same = bool(torch.equal(out_jagged.values(), out_dense.reshape(6, -1, 2)))
+        return out_dense[0, 0, :, 0].tolist(), [out_dense.dtype, out_jagged.dtype], same
+
+
+def test_pp_gather_with_only_the_pipeline_fields_concatenates_in_rank_order() -> None:
+    from rr_fakes.megatron import ParallelSizes, launch
+
+    results = launch(duck_pp_gather_rank, 2, sizes=ParallelSizes(pp=2), timeout_s=TIMEOUT_S)
+    for layers, dtypes, same in results:
+        assert layers == [0, 10, 11]  # rank 0's one layer, then rank 1's two
+        assert dtypes == [torch.int16, torch.int16]
+        assert same

@@ -39,6 +39,8 @@ from ._gating import (
     watch as watch,
 )
 from ._install import (
+    ADAPTER as ADAPTER,
+    MindSpeedAdapter as MindSpeedAdapter,
     ReinstallAfterApply as ReinstallAfterApply,
     attach as attach,
     detach as detach,

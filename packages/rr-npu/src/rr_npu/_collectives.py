@@ -87,8 +87,12 @@ def all_gather_routes(ids: Any, group: Any = None, *, backend: str | None = None
         raise PayloadPolicyError(
             f"backend must be None (the group's), 'hccl', 'nccl' or 'gloo'; got {backend!r}"
         )
-    plan = wire_plan(ids.dtype, backend or group_backend(group))
     dist = _dist()
+    if backend is None:
+        _check_group(dist, group)
+        backend = group_backend(group)
+    plan = wire_plan(ids.dtype, backend)
+    _check_group(dist, group)
     payload = ids.contiguous()
     wire = payload.reshape(-1).view(torch.uint8) if plan.byte_view else payload
     parts = [torch.empty_like(wire) for _ in range(dist.get_world_size(group))]
@@ -96,6 +100,21 @@ def all_gather_routes(ids: Any, group: Any = None, *, backend: str | None = None
     if not plan.byte_view:
         return parts
     return [p.view(payload.dtype).reshape(payload.shape) for p in parts]
+
+
+def _check_group(dist: Any, group: Any) -> None:
+    """:class:`PayloadPolicyError` unless torch.distributed is initialised and ``group`` is
+    None (the default group) or a ``ProcessGroup``."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise PayloadPolicyError(
+            "all_gather_routes needs an initialised torch.distributed (init_process_group "
+            "first); got none"
+        )
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise PayloadPolicyError(
+            "all_gather_routes takes group=None (the default group) or a torch.distributed "
+            f"ProcessGroup; got {group!r} ({type(group).__name__})"
+        )
 
 
 def _check_ids(ids: Any, where: str) -> None:

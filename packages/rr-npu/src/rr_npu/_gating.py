@@ -8,30 +8,30 @@ that raises :class:`FusedGatingError` whenever a watched controller has a router
 REPLAY; with every watched controller OFF it calls the op unchanged (inference, rollout).
 
 Nothing here imports torch_npu: the guard is installed only where it is already loaded (or
-emulated); :func:`install_gating_guard` returns False otherwise.
+emulated); :func:`install_gating_guard` returns False otherwise. The guards are recorded in
+:data:`GUARDS`, a :class:`rr_core.patching.Patches` registry of the MindSpeed adapter.
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 import weakref
 from typing import Any
 
-import wrapt
-
 from rr_core import ReplayController, ReplayError, ReplayMode, RRError
+from rr_core.patching import PATCH_LOCK, Patches, RRWrapper, active_rr_wrapper
 
 FUSED_GATING_OPS = ("npu_moe_gating_top_k",)
+
+#: Where rr's guards sit (torch_npu and each module holding a copy of an op).
+GUARDS = Patches()
 
 
 class FusedGatingError(RRError):
     """A fused NPU gating op ran while replay was on (its ids can be neither forced nor seen)."""
 
 
-_LOCK = threading.RLock()
 _WATCHED: weakref.WeakSet[ReplayController] = weakref.WeakSet()
-_INSTALLED: list[tuple[str, GatingGuard]] = []
 
 
 def watch(controller: ReplayController) -> None:
@@ -41,18 +41,18 @@ def watch(controller: ReplayController) -> None:
             "rr_npu.watch takes an rr_core.ReplayController; got "
             f"{controller!r} ({type(controller).__name__})"
         )
-    with _LOCK:
+    with PATCH_LOCK:
         _WATCHED.add(controller)
 
 
 def unwatch(controller: ReplayController) -> None:
-    with _LOCK:
+    with PATCH_LOCK:
         _WATCHED.discard(controller)
 
 
 def replay_active() -> tuple[int, ...]:
     """Layer numbers of watched routers in RECORD or REPLAY right now (empty: replay off)."""
-    with _LOCK:
+    with PATCH_LOCK:
         controllers = list(_WATCHED)
     return tuple(
         layer
@@ -62,30 +62,20 @@ def replay_active() -> tuple[int, ...]:
     )
 
 
-class GatingGuard(wrapt.FunctionWrapper):  # type: ignore[type-arg]
+def _refuse_while_replaying(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    layers = replay_active()
+    if layers:
+        raise FusedGatingError(
+            f"torch_npu.{wrapped.__name__} was called while routers of layers {list(layers)} "
+            "are in RECORD/REPLAY; the fused op takes no forced ids and hides the native "
+            "ones. Route through the Python top-k path while replay is on (do not enable "
+            "fused gating in the trainer; keep it for inference only)"
+        )
+    return wrapped(*args, **kwargs)
+
+
+class GatingGuard(RRWrapper):
     """rr's proxy around one fused gating op; ``inspect.signature`` sees the original."""
-
-    def __init__(self, wrapped: Any, name: str) -> None:
-        super().__init__(wrapped, self._check)
-        self._self_rr_op = name
-
-    def _check(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        layers = replay_active()
-        if layers:
-            raise FusedGatingError(
-                f"torch_npu.{self._self_rr_op} was called while routers of layers {list(layers)} "
-                "are in RECORD/REPLAY; the fused op takes no forced ids and hides the native "
-                "ones. Route through the Python top-k path while replay is on (do not enable "
-                "fused gating in the trainer; keep it for inference only)"
-            )
-        return wrapped(*args, **kwargs)
-
-
-def _replace_everywhere(name: str, current: Any, new: Any) -> None:
-    for module in list(sys.modules.values()):
-        held = getattr(module, "__dict__", {}).get(name)
-        if held is current and held is not new:
-            setattr(module, name, new)
 
 
 def install_gating_guard() -> bool:
@@ -94,26 +84,24 @@ def install_gating_guard() -> bool:
     module = sys.modules.get("torch_npu")
     if module is None:
         return False
-    with _LOCK:
+    with PATCH_LOCK:
         for name in FUSED_GATING_OPS:
             current = getattr(module, name, None)
-            if current is None or isinstance(current, GatingGuard):
+            if current is None or active_rr_wrapper(current, GatingGuard) is not None:
                 continue
-            guard = GatingGuard(current, name)
-            _replace_everywhere(name, current, guard)
-            _INSTALLED.append((name, guard))
+            guard = GatingGuard(current, _refuse_while_replaying, name=f"torch_npu.{name}")
+            for holder in list(sys.modules.values()):
+                if getattr(holder, "__dict__", {}).get(name) is current:
+                    GUARDS.set(holder, name, guard)
     return True
 
 
 def uninstall_gating_guard() -> int:
-    """Put the original ops back wherever rr's guard is; returns how many were removed."""
-    with _LOCK:
-        removed = 0
-        while _INSTALLED:
-            name, guard = _INSTALLED.pop()
-            _replace_everywhere(name, guard, guard.__wrapped__)
-            removed += 1
-        return removed
+    """Put the original ops back wherever rr's guard is; returns how many ops were guarded."""
+    with PATCH_LOCK:
+        guarded = len(GUARDS.wrappers())
+        GUARDS.restore()
+        return guarded
 
 
 def gating_guard_installed() -> bool:

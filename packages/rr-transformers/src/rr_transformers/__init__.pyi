@@ -2,10 +2,16 @@
 its module on first use (lazy_loader)."""
 
 from ._attach import (
+    ADAPTER as ADAPTER,
     Attachment as Attachment,
+    TransformersAdapter as TransformersAdapter,
     attach as attach,
     decoder_layers as decoder_layers,
     detach as detach,
+    install as install,
+    installed as installed,
+    is_installed as is_installed,
+    uninstall as uninstall,
 )
 from ._errors import (
     PackedForwardError as PackedForwardError,
@@ -19,9 +25,6 @@ from ._families import (
 )
 from ._install import (
     RouterTopkProxy as RouterTopkProxy,
-    install as install,
-    installed as installed,
-    uninstall as uninstall,
 )
 from ._routes import (
     arm_routes as arm_routes,

@@ -1,5 +1,5 @@
-"""``attach``: find each router of a real ``PreTrainedModel`` by its decoder layer and hand
-them to a :class:`rr_core.ReplayController`.
+"""The transformers adapter (:mod:`rr_core.adapters`): ``attach`` finds each router of a real
+``PreTrainedModel`` by its decoder layer and hands them to a :class:`rr_core.ReplayController`.
 
 Routers are addressed by decoder layer (layer i of ``layers`` is global layer i + 1, the
 all-layers axis vLLM and SGLang return). Only the text decoder is walked: vision and audio
@@ -9,16 +9,18 @@ axis. Dense layers and shared experts have no route.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from torch import nn
 
 from rr_core import ReplayController, WalkError
+from rr_core import adapters as core
 from rr_transformers._errors import UnknownFamilyError
 from rr_transformers._families import Family, family_of, text_config
-from rr_transformers._install import hooked, install
+from rr_transformers._install import hooked, install_hooks
 from rr_transformers._packed import forget_packed, guard_decoder
 from rr_transformers._versions import checked_version
 
@@ -26,14 +28,12 @@ ScoreFunction = Literal["softmax", "sigmoid", "topk_softmax"]
 
 
 @dataclass(frozen=True)
-class Attachment:
-    """What :func:`attach` found: the family, the decoder's size and the routed layers."""
+class Attachment(core.Attachment):
+    """What :func:`attach` found: the routed layers (global, 1-based, one per routed decoder
+    layer), E and K, and the family and the decoder's size."""
 
     family: Family
     num_layers: int
-    layer_numbers: tuple[int, ...]  # global, 1-based, one per routed decoder layer
-    num_experts: int
-    top_k: int
 
     @property
     def model_type(self) -> str:
@@ -88,47 +88,82 @@ def _router_like(layer: nn.Module) -> str:
     return names[0] if names else "unknown"
 
 
-def attach(
-    model: nn.Module,
-    controller: ReplayController,
-    *,
-    score_function: ScoreFunction | None = None,
-) -> Attachment:
-    """Give ``controller`` the routers of ``model`` (installs the router hooks if needed).
+class TransformersAdapter(core.Adapter):
+    """rr's router hooks in every known transformers MoE family."""
 
-    Checks the model's E and top-k against the controller's, and its score function against
-    ``score_function`` when given (routes recorded from a sigmoid router mean nothing to a
-    softmax one). A model whose family rr does not know raises :class:`UnknownFamilyError`.
-    """
-    if not isinstance(model, nn.Module):
-        raise WalkError(f"attach takes a transformers PreTrainedModel; got {type(model).__name__}")
-    if not isinstance(controller, ReplayController):
-        raise WalkError(f"attach takes a rr_core.ReplayController; got {type(controller).__name__}")
-    version = checked_version()
-    family = family_of(model, version)
-    config = text_config(model.config)
-    num_experts, top_k = family.sizes(config)
-    if (num_experts, top_k) != (controller.num_experts, controller.top_k):
-        raise WalkError(
-            f"{type(model).__name__} routes top-{top_k} of E={num_experts} experts; the "
-            f"controller expects top-{controller.top_k} of E={controller.num_experts}"
+    name = "transformers"
+    module = "rr_transformers"
+
+    def check_dependencies(self, *, force: bool) -> None:
+        checked_version()
+
+    def _install(self, *, force: bool) -> tuple[str, ...]:
+        return install_hooks(self.patches)
+
+    def attach(self, controller: Any, model: Any, **options: Any) -> Attachment:
+        """Give ``controller`` the routers of ``model`` (installs the router hooks if needed).
+
+        Checks the model's E and top-k against the controller's, and its score function against
+        ``score_function`` when given (routes recorded from a sigmoid router mean nothing to a
+        softmax one). A model whose family rr does not know raises :class:`UnknownFamilyError`.
+        The order ``attach(model, controller)`` of earlier releases still works, with a
+        DeprecationWarning."""
+        if isinstance(controller, nn.Module) and isinstance(model, ReplayController):
+            warnings.warn(
+                "rr_transformers.attach(model, controller) is deprecated: every rr adapter "
+                "takes attach(controller, model)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            controller, model = model, controller
+        found = super().attach(controller, model, **options)
+        assert isinstance(found, Attachment)
+        return found
+
+    def _attach(
+        self,
+        controller: ReplayController,
+        model: Any,
+        *,
+        score_function: ScoreFunction | None = None,
+    ) -> Attachment:
+        version = checked_version()
+        family = family_of(model, version)
+        config = text_config(model.config)
+        num_experts, top_k = family.sizes(config)
+        if (num_experts, top_k) != (controller.num_experts, controller.top_k):
+            raise WalkError(
+                f"{type(model).__name__} routes top-{top_k} of E={num_experts} experts; the "
+                f"controller expects top-{controller.top_k} of E={controller.num_experts}"
+            )
+        if score_function is not None and score_function != family.score:
+            raise WalkError(
+                f"{family.model_type} routers score with {family.score!r}; the routes were "
+                f"recorded with {score_function!r}"
+            )
+        self.install()
+        if not hooked(family):
+            raise WalkError(f"the {family.model_type} router hook is not installed")
+        layers = decoder_layers(model)
+        pairs = _routers(layers, family)
+        routed = controller.attach(model, walk=lambda _model: pairs)
+        guard_decoder(model, model.get_decoder(), controller)
+        return Attachment(
+            adapter=self.name,
+            layer_numbers=routed,
+            num_experts=num_experts,
+            top_k=top_k,
+            family=family,
+            num_layers=len(layers),
         )
-    if score_function is not None and score_function != family.score:
-        raise WalkError(
-            f"{family.model_type} routers score with {family.score!r}; the routes were "
-            f"recorded with {score_function!r}"
-        )
-    install()
-    if not hooked(family):
-        raise WalkError(f"the {family.model_type} router hook is not installed")
-    layers = decoder_layers(model)
-    pairs = _routers(layers, family)
-    routed = controller.attach(model, walk=lambda _model: pairs)
-    guard_decoder(model, model.get_decoder(), controller)  # type: ignore[operator]
-    return Attachment(family, len(layers), routed, num_experts, top_k)
+
+    def _detach(self, controller: ReplayController) -> None:
+        forget_packed(controller)
+        controller.detach()
 
 
-def detach(controller: ReplayController) -> None:
-    """Release the controller's routers (they route natively again)."""
-    forget_packed(controller)
-    controller.detach()
+ADAPTER = TransformersAdapter()
+
+install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()
+#: The name of earlier releases (``is_installed`` in every adapter).
+installed = ADAPTER.is_installed

@@ -1,6 +1,6 @@
-"""``install`` / ``uninstall``: the routing function of every known family, wrapped in a
+"""The router hooks: the routing function of every known family, wrapped in a
 :class:`RouterTopkProxy` (wrapt, so ``inspect.signature`` sees the family's own parameters and
-un-installing can tell rr's wrapper from anyone else's), recorded in one
+un-installing can tell rr's wrapper from anyone else's), recorded in the transformers adapter's
 :class:`rr_core.patching.Patches` registry.
 
 A router that no controller owns calls the family's function itself; an attached one calls
@@ -10,22 +10,17 @@ or :class:`RouterHookError` says why replay could not happen.
 
 from __future__ import annotations
 
-import threading
 import types
 from typing import Any
 
-import wrapt
 from packaging.version import Version
 
 from rr_core import controller_of
-from rr_core.patching import Patches
+from rr_core.patching import Patches, RRWrapper
 from rr_transformers._errors import RouterHookError
 from rr_transformers._families import KNOWN_FAMILIES, Family
 from rr_transformers._reroute import call_routed, rerouted
 from rr_transformers._versions import checked_version
-
-_PATCHES = Patches()
-_LOCK = threading.Lock()
 
 
 class _RoutedCall:
@@ -56,20 +51,15 @@ class _RoutedCall:
         return result
 
 
-_FunctionWrapper: Any = wrapt.FunctionWrapper  # subclassed: typed in some wrapt releases only
-
-
-class RouterTopkProxy(_FunctionWrapper):  # type: ignore[misc]
+class RouterTopkProxy(RRWrapper):
     """rr's wrapper of one family's routing function (``Router.forward``, or the MoE block's
     ``route_tokens_to_experts`` where that selects)."""
 
-    def __init__(self, wrapped: types.FunctionType, family: Family, on_block: bool) -> None:
-        super().__init__(wrapped, _RoutedCall(wrapped, family, on_block))
-
     @property
     def family(self) -> Family:
-        wrapper: _RoutedCall = self._self_wrapper
-        return wrapper.family
+        call = self._self_rr_wrapper
+        assert isinstance(call, _RoutedCall)
+        return call.family
 
 
 def _sites(version: Version) -> list[tuple[Family, type, str, bool]]:
@@ -81,35 +71,24 @@ def _sites(version: Version) -> list[tuple[Family, type, str, bool]]:
     return sites
 
 
-def install() -> tuple[str, ...]:
-    """Wrap the routing function of every known family in the installed transformers.
-    Idempotent; after someone patched over rr it wraps what is there now. Returns the families
-    hooked (their ``model_type``)."""
+def install_hooks(patches: Patches) -> tuple[str, ...]:
+    """Wrap the routing function of every known family in the installed transformers (after
+    someone patched over rr: wrap what is there now). Returns the families hooked."""
     version = checked_version()
-    with _LOCK:
-        if not _PATCHES.in_place():
-            _PATCHES.restore()  # partly patched over: start again from what is there
-            for family, owner, attribute, on_block in _sites(version):
-                current = vars(owner).get(attribute)
-                if not isinstance(current, types.FunctionType):
-                    raise RouterHookError(
-                        f"{owner.__qualname__}.{attribute} is {type(current).__name__}, not the "
-                        f"{family.model_type} family's own function; rr routes through the "
-                        "family's code only (uninstall the other patch first)"
-                    )
-                _PATCHES.set(owner, attribute, RouterTopkProxy(current, family, on_block))
-        return tuple(sorted(n for n, f in KNOWN_FAMILIES.items() if f.available(version)))
-
-
-def uninstall() -> int:
-    """Put back every function rr wrapped that is still rr's; returns how many. Idempotent."""
-    with _LOCK:
-        return _PATCHES.restore()
-
-
-def installed() -> bool:
-    """Whether every routing function rr wrapped still carries rr's proxy."""
-    return _PATCHES.in_place()
+    if not patches.in_place():
+        patches.restore()  # partly patched over: start again from what is there
+        for family, owner, attribute, on_block in _sites(version):
+            current = vars(owner).get(attribute)
+            if not isinstance(current, types.FunctionType):
+                raise RouterHookError(
+                    f"{owner.__qualname__}.{attribute} is {type(current).__name__}, not the "
+                    f"{family.model_type} family's own function; rr routes through the "
+                    "family's code only (uninstall the other patch first)"
+                )
+            call = _RoutedCall(current, family, on_block)
+            name = f"{owner.__qualname__}.{attribute}"
+            patches.set(owner, attribute, RouterTopkProxy(current, call, name=name))
+    return tuple(sorted(n for n, f in KNOWN_FAMILIES.items() if f.available(version)))
 
 
 def hooked(family: Family) -> bool:

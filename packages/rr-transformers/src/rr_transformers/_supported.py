@@ -25,36 +25,29 @@ TRANSFORMERS_LINES: dict[str, str] = {"5.0": "5.0.0", "5.24": "5.24.0"}
 #:   group_limited: top-k only inside the best topk_group of n_group expert groups;
 #:   router_bias: the router's linear layer has a bias; scaling: config attribute multiplying
 #:   the weights; since: the first release that has the family.
+#: The router the Qwen-style families share: softmax scores, normalised as the config says.
+_SOFTMAX: dict[str, object] = {
+    "experts": "num_experts", "top_k": "num_experts_per_tok",
+    "score": "softmax", "normalise": "norm_topk_prob",
+}  # fmt: skip
+#: DeepSeek-V3's router (and GLM-4 MoE's): sigmoid scores, expert bias, grouped top-k, scaled.
+_GROUPED: dict[str, object] = {
+    "experts": "n_routed_experts", "top_k": "num_experts_per_tok",
+    "score": "sigmoid", "normalise": "norm_topk_prob", "expert_bias": True,
+    "group_limited": True, "scaling": "routed_scaling_factor",
+}  # fmt: skip
 FAMILIES: dict[str, dict[str, object]] = {
-    "qwen3_moe": {
-        "module": "qwen3_moe", "router": "Qwen3MoeTopKRouter",
-        "experts": "num_experts", "top_k": "num_experts_per_tok",
-        "score": "softmax", "normalise": "norm_topk_prob",
-    },
-    "qwen3_next": {
-        "module": "qwen3_next", "router": "Qwen3NextTopKRouter",
-        "experts": "num_experts", "top_k": "num_experts_per_tok",
-        "score": "softmax", "normalise": "norm_topk_prob",
-    },
+    "qwen3_moe": {"module": "qwen3_moe", "router": "Qwen3MoeTopKRouter", **_SOFTMAX},
+    "qwen3_next": {"module": "qwen3_next", "router": "Qwen3NextTopKRouter", **_SOFTMAX},
     "qwen3_5_moe_text": {
         "module": "qwen3_5_moe", "router": "Qwen3_5MoeTopKRouter",
-        "experts": "num_experts", "top_k": "num_experts_per_tok",
-        "score": "softmax", "normalise": True, "since": "5.2",
+        **_SOFTMAX, "normalise": True, "since": "5.2",
     },
-    "qwen2_moe": {
-        "module": "qwen2_moe", "router": "Qwen2MoeTopKRouter",
-        "experts": "num_experts", "top_k": "num_experts_per_tok",
-        "score": "softmax", "normalise": "norm_topk_prob",
-    },
-    "olmoe": {
-        "module": "olmoe", "router": "OlmoeTopKRouter",
-        "experts": "num_experts", "top_k": "num_experts_per_tok",
-        "score": "softmax", "normalise": "norm_topk_prob",
-    },
+    "qwen2_moe": {"module": "qwen2_moe", "router": "Qwen2MoeTopKRouter", **_SOFTMAX},
+    "olmoe": {"module": "olmoe", "router": "OlmoeTopKRouter", **_SOFTMAX},
     "mixtral": {
         "module": "mixtral", "router": "MixtralTopKRouter",
-        "experts": "num_local_experts", "top_k": "num_experts_per_tok",
-        "score": "softmax", "normalise": True,
+        **_SOFTMAX, "experts": "num_local_experts", "normalise": True,
     },
     "gpt_oss": {
         "module": "gpt_oss", "router": "GptOssTopKRouter",
@@ -63,15 +56,10 @@ FAMILIES: dict[str, dict[str, object]] = {
     },
     "deepseek_v3": {
         "module": "deepseek_v3", "router": "DeepseekV3TopkRouter", "block": "DeepseekV3MoE",
-        "experts": "n_routed_experts", "top_k": "num_experts_per_tok",
-        "score": "sigmoid", "normalise": "norm_topk_prob", "expert_bias": True,
-        "group_limited": True, "scaling": "routed_scaling_factor",
+        **_GROUPED,
     },
     "glm4_moe": {
-        "module": "glm4_moe", "router": "Glm4MoeTopkRouter", "block": "Glm4MoeMoE",
-        "experts": "n_routed_experts", "top_k": "num_experts_per_tok",
-        "score": "sigmoid", "normalise": "norm_topk_prob", "expert_bias": True,
-        "group_limited": True, "scaling": "routed_scaling_factor",
+        "module": "glm4_moe", "router": "Glm4MoeTopkRouter", "block": "Glm4MoeMoE", **_GROUPED,
     },
 }  # fmt: skip
 

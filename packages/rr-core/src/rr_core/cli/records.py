@@ -68,6 +68,7 @@ def _summary(header: RecordHeader, batch: RouteBatch, payload: int) -> dict[str,
         "bytes_per_valid_token": payload / valid if valid else 0.0,
         "bytes_per_token_by_codec": {c: bytes_per_token(m, c) for c in CODECS},
         "producer": header.producer,
+        "provenance": header.provenance,
         "checksum": header.checksum,
         "expert_load": load.tolist(),
         "max_over_mean_load": (load.max(1).values / mean).tolist(),
@@ -145,6 +146,12 @@ def _print_text(info: dict[str, Any]) -> None:
         f"valid token (+1/8 validity per row); per codec: {per_codec}"
     )
     print(f"  producer {json.dumps(info['producer'], sort_keys=True)}")
+    provenance = info["provenance"]
+    if provenance:
+        settings = ", ".join(f"{k} {json.dumps(v)}" for k, v in sorted(provenance.items()))
+        print(f"  provenance {settings}")
+    else:
+        print("  provenance not recorded (a version-1 file, or written without provenance=)")
     print(
         "  expert load per MoE layer (max/mean, then one column per "
         f"{-(-info['num_experts'] // _COLUMNS)} experts):"
@@ -227,6 +234,7 @@ def _convert(args: argparse.Namespace) -> int:
             out,
             sample_ids=header.sample_ids,
             producer={**header.producer, "converted_from": header.codec},
+            provenance=header.provenance,
         )
     except RRError as exc:
         print(f"rr convert: {exc}", file=sys.stderr)

@@ -249,7 +249,7 @@ def pack_ids(ids_n: torch.Tensor, width: int) -> torch.Tensor:
 
 def _pack(src: torch.Tensor, count: int, width: int, field: int, per: int) -> torch.Tensor:
     dev = src.device
-    if count == 0:
+    if count == 0 or width == 0:  # a 0-bit field (a single expert) takes no bytes
         return torch.zeros(0, dtype=torch.uint8, device=dev)
     plan = _plan(field, dev)
     g, m, step = plan.fields, plan.words, plan.block * plan.fields * per
@@ -306,6 +306,8 @@ def _unpack(
         raise ValueError(
             f"a stream of {count} {width}-bit fields has {need} bytes, not {stream_P.numel()}"
         )
+    if width == 0:  # every 0-bit field is 0
+        return torch.zeros(count, dtype=dtype, device=dev)
     per = 8 // dtype.itemsize
     plan = _plan(field, dev)
     g, m, step = plan.fields, plan.words, plan.block

@@ -10,8 +10,10 @@ LSB-first bit stream of ``ceil(r * w / 8)`` bytes (:func:`pack_bits`), so n ids 
 On the CPU a group is one uint64 word of the ids (numpy: shifts are logical and products wrap, as
 the bit tricks below need). The stream is read and written through a view of 8-byte words every
 w bytes: encoding writes the words in ascending order, each word's bytes past w are overwritten
-by the next group, and the last group's spill lands in padding cut off at the end. On other
-devices plain torch byte operations produce the same stream.
+by the next group, and the last group's spill lands in padding cut off at the end. Decoding
+splits the groups across threads; with numba it runs the compiled blocks of
+:mod:`rr_core.codecs.decode_numba`. On other devices plain torch byte operations produce the
+same stream.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ import functools
 import numpy as np
 import torch
 
+from rr_core import kernels
 from rr_core.buffers import empty
 from rr_core.codecs.bitpack import pack_bits, stream_bytes, unpack_bits
+from rr_core.codecs.stream_words import little_endian
+from rr_core.threads import over_ranges
 
 BLOCK = 1 << 15  # words per block: the temporaries stay in cache
 _U64 = np.uint64
@@ -76,10 +81,14 @@ def unpack_byte_ids(stream_P: torch.Tensor, count: int, width: int) -> torch.Ten
     G = count // 8
     out = empty(count, torch.uint8, dev)
     fast = 0
-    if dev.type == "cpu" and need >= 8:  # words that end inside the stream
+    if dev.type == "cpu" and kernels.kernel() == "numba" and little_endian():
+        from rr_core.codecs.decode_numba import unpack_byte_blocks
+
+        fast = unpack_byte_blocks(stream_P, G, w, out[: 8 * G].numpy().view(_U64))
+    elif dev.type == "cpu" and need >= 8:  # words that end inside the stream
         fast = min(G, (need - 8) // w + 1)
-        src = stream_P.contiguous().numpy()
-        _decode_np(src, out[: 8 * fast].numpy().view(_U64), w)
+        src, dst = stream_P.contiguous().numpy(), out[: 8 * fast].numpy().view(_U64)
+        over_ranges(fast, BLOCK, lambda a, b: _decode_np(src[a * w :], dst[a:b], w))
     if fast < G:
         bytes_Gw = stream_P[fast * w : G * w].reshape(-1, w)
         out[8 * fast : 8 * G] = _decode_torch(bytes_Gw, w).reshape(-1)

@@ -14,7 +14,9 @@ hold no route, so both decode as zeros and cost nothing but the validity mask (o
 
 Encoding and decoding are whole-tensor torch operations on the batch's device (no loop over rows);
 :func:`decode_routes` moves the compact payload to ``device`` first, so the expanded ids only ever
-exist where they are used.
+exist where they are used. :func:`decode_routes_into` writes them into a caller's layout instead
+(its buffer, dtype and row of each valid row), where the ``set`` codec's compiled decoder writes
+each id once, straight into place.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Literal
 import torch
 
 from rr_core import kernels
+from rr_core.buffers import empty, zeros
+from rr_core.checks import as_index
 from rr_core.codecs import sets_numba
 from rr_core.codecs.bitpack import (
     pack_bits,
@@ -37,11 +41,20 @@ from rr_core.codecs.bitpack import (
 )
 from rr_core.codecs.bitpack_bytes import pack_byte_ids, unpack_byte_ids
 from rr_core.codecs.bitpack_words import WordPacker, WordUnpacker, covers, pack_words, unpack_words
-from rr_core.codecs.rows import pack_valid_cpu, valid_rows
+from rr_core.codecs.decode_numba import unrank_into
+from rr_core.codecs.rows import (
+    count_valid,
+    pack_valid_cpu,
+    unpack_valid_cpu,
+    valid_indices,
+    valid_rows,
+)
+from rr_core.codecs.scatter import scatter_rows
 from rr_core.codecs.sets import rank_sets, set_width, single_rank, unrank_sets, unrank_single
 from rr_core.codecs.sets_fast import fast_shape, rank_fast, unrank_fast, unrank_from
+from rr_core.codecs.stream_words import little_endian
 from rr_core.errors import CodecError
-from rr_core.routes.batch import RouteBatch, RouteMeta, narrowest_dtype
+from rr_core.routes.batch import RouteBatch, RouteMeta, holds_ids, narrowest_dtype
 
 CodecName = Literal["raw", "packed", "set"]
 CODECS: tuple[CodecName, ...] = ("raw", "packed", "set")
@@ -55,6 +68,12 @@ def check_codec(name: str) -> CodecName:
     return name  # type narrowed by the membership test
 
 
+def _check_arg(value: object, kind: type, what: str) -> None:
+    """:class:`CodecError` unless ``value`` is a ``kind`` (the public entry points' argument)."""
+    if not isinstance(value, kind):
+        raise CodecError(f"{what} must be a {kind.__name__}; got {type(value).__name__}")
+
+
 def id_width(num_experts: int) -> int:
     """Bits per expert id in the ``packed`` codec: ``ceil(log2 E)``."""
     return (num_experts - 1).bit_length()
@@ -62,6 +81,7 @@ def id_width(num_experts: int) -> int:
 
 def field_bits(meta: RouteMeta, codec: str) -> int:
     """Bits that one (token, MoE layer) pair costs under ``codec``."""
+    _check_arg(meta, RouteMeta, "meta")
     E, K = meta.num_experts, meta.top_k
     codec = check_codec(codec)
     if codec == "raw":
@@ -118,14 +138,20 @@ def unpack_valid(bits: torch.Tensor, num_rows: int) -> torch.Tensor:
         raise CodecError(
             f"a validity mask of {num_rows} rows has {-(-num_rows // 8)} bytes, not {bits.numel()}"
         )
+    if (flags := unpack_valid_cpu(bits, num_rows)) is not None:
+        return flags
     shifts_8 = torch.arange(8, dtype=torch.uint8, device=bits.device)
     return ((bits[:, None] >> shifts_8) & 1).bool().reshape(-1)[:num_rows]
 
 
 def payload_bytes(meta: RouteMeta, codec: str, num_valid: int) -> int:
     """Exact payload size of ``num_valid`` valid rows."""
-    pairs = num_valid * len(meta.moe_slots)
+    _check_arg(meta, RouteMeta, "meta")
     codec = check_codec(codec)
+    n = as_index(num_valid, "num_valid", CodecError)
+    if n < 0:
+        raise CodecError(f"num_valid must be >= 0; got {n}")
+    pairs = n * len(meta.moe_slots)
     if codec == "raw":
         return pairs * meta.top_k * narrowest_dtype(meta.num_experts).itemsize
     return stream_bytes(pairs, field_bits(meta, codec))
@@ -134,6 +160,7 @@ def payload_bytes(meta: RouteMeta, codec: str, num_valid: int) -> int:
 def encode_routes(batch: RouteBatch, codec: str = DEFAULT_CODEC) -> EncodedRoutes:
     """Encode ``batch`` with ``codec``. Ids outside ``[0, E)`` on valid MoE slots raise, and so do
     repeated ids under ``set``: a payload is exact or it is not written."""
+    _check_arg(batch, RouteBatch, "batch")
     name, meta = check_codec(codec), batch.meta
     values_NLK = batch.values_NLK
     moe = meta.moe_slots
@@ -209,10 +236,93 @@ def decode_routes(
     """The route batch of ``encoded`` on ``device`` (default: the payload's). Only the payload
     crosses to the device; the ids are expanded there in the narrowest dtype. Under ``set`` the
     ids of each (token, layer) come back sorted."""
+    _check_arg(encoded, EncodedRoutes, "encoded")
     meta, name = encoded.meta, check_codec(encoded.codec)
     dev = encoded.payload.device if device is None else torch.device(device)
+    valid_N, payload = _valid_and_payload(encoded, dev)
+    V, M, K = count_valid(valid_N), len(meta.moe_slots), meta.top_k
+    N, L = encoded.num_rows, len(meta.layer_numbers)
+    if V == N and M == L:
+        values_NLK = _decode_payload(payload, name, meta, V * M).reshape(V, M, K)
+    else:
+        values_NLK = zeros((N, L, K), narrowest_dtype(meta.num_experts), dev)
+        _decode_into(payload, name, meta, V, values_NLK, valid_indices(valid_N))
+    offsets_B1 = encoded.offsets_B1.to(dev)
+    return RouteBatch(values_NLK, offsets_B1, valid_N, meta, validate=False)
+
+
+def decode_routes_into(
+    encoded: EncodedRoutes, out_XLK: torch.Tensor, rows_V: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Write the ids of ``encoded``'s valid rows into ``out_XLK`` (``[X, L, K]``, any integer
+    dtype that holds ids below E, on the device where they are wanted) and return it: the v-th
+    valid row lands on output row ``rows_V[v]`` (default: its own row number, so ``X`` is the
+    batch's row count), its MoE slots on their layer slots. Nothing else is written: zero the
+    output first for rr's layout (dense slots and rows without a route hold zeros).
+
+    The payload alone moves to ``out_XLK``'s device; the ids are decoded and cast there in one
+    pass, with no intermediate batch under ``set`` on the CPU with numba (top-8 ids below 256).
+    Under ``set`` each row's ids come back sorted. A wrong shape, a dtype too narrow for the
+    ids or row numbers outside ``[0, X)`` raise :class:`CodecError`."""
+    _check_arg(encoded, EncodedRoutes, "encoded")
+    meta, name = encoded.meta, check_codec(encoded.codec)
+    N, L, K = encoded.num_rows, len(meta.layer_numbers), meta.top_k
+    if not isinstance(out_XLK, torch.Tensor) or out_XLK.dim() != 3 or out_XLK.shape[1:] != (L, K):
+        got = tuple(out_XLK.shape) if isinstance(out_XLK, torch.Tensor) else type(out_XLK).__name__
+        raise CodecError(
+            f"decode_routes_into writes into a [rows, {L}, {K}] tensor (rows, layer slots, "
+            f"top-k of this batch); got {got}"
+        )
+    if not holds_ids(out_XLK.dtype, meta.num_experts):
+        raise CodecError(
+            f"an output of dtype {out_XLK.dtype} cannot hold expert ids below "
+            f"{meta.num_experts}; use an integer dtype such as "
+            f"{narrowest_dtype(meta.num_experts)} or torch.int16"
+        )
+    dev = out_XLK.device
+    valid_N, payload = _valid_and_payload(encoded, dev)
+    V, X = count_valid(valid_N), out_XLK.shape[0]
+    if rows_V is None:
+        if X != N:
+            raise CodecError(
+                f"an output of {X} rows for a batch of {N} rows: pass rows_V, the output row of "
+                f"each of the {V} valid rows"
+            )
+        rows = None if V == N else valid_indices(valid_N)
+    else:
+        rows = _output_rows(rows_V, V, X, dev)
+    _decode_into(payload, name, meta, V, out_XLK, rows)
+    return out_XLK
+
+
+def _output_rows(rows_V: torch.Tensor, V: int, X: int, dev: torch.device) -> torch.Tensor:
+    """``rows_V`` as int64 on ``dev``, or :class:`CodecError` naming what is wrong."""
+    ok = isinstance(rows_V, torch.Tensor) and rows_V.shape == (V,)
+    ok = ok and not (rows_V.dtype.is_floating_point or rows_V.dtype == torch.bool)
+    if not ok:
+        got = (
+            f"{tuple(rows_V.shape)} {rows_V.dtype}"
+            if isinstance(rows_V, torch.Tensor)
+            else type(rows_V).__name__
+        )
+        raise CodecError(
+            f"rows_V must be a 1-D integer tensor of {V} output rows (one per valid row); got {got}"
+        )
+    rows = rows_V.to(device=dev, dtype=torch.int64)
+    if V:
+        lo, hi = (int(v) for v in torch.aminmax(rows))
+        if lo < 0 or hi >= X:
+            raise CodecError(f"rows_V spans [{lo}, {hi}]; the output has rows [0, {X})")
+    return rows
+
+
+def _valid_and_payload(
+    encoded: EncodedRoutes, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The validity mask and the payload on ``dev``, the payload's size checked."""
+    meta, name = encoded.meta, check_codec(encoded.codec)
     valid_N = unpack_valid(encoded.valid_bits.to(dev), encoded.num_rows)
-    V, M, K = int(valid_N.sum()), len(meta.moe_slots), meta.top_k
+    V, M = count_valid(valid_N), len(meta.moe_slots)
     payload = encoded.payload.to(dev)
     expected = payload_bytes(meta, name, V)
     if payload.numel() != expected:
@@ -220,17 +330,42 @@ def decode_routes(
             f"a {name!r} payload of {V} valid rows x {M} MoE layers has {expected} bytes, not "
             f"{payload.numel()}"
         )
-    rows_VMK = _decode_payload(payload, name, meta, V * M).reshape(V, M, K)
-    N, L = encoded.num_rows, len(meta.layer_numbers)
-    if V == N and M == L:
-        values_NLK = rows_VMK
-    else:
-        values_NLK = rows_VMK.new_zeros((N, L, K))
-        slots = torch.tensor(meta.moe_slots, device=dev)
-        rows_N = valid_N.nonzero()[:, 0]
-        values_NLK[rows_N[:, None], slots[None, :]] = rows_VMK
-    offsets_B1 = encoded.offsets_B1.to(dev)
-    return RouteBatch(values_NLK, offsets_B1, valid_N, meta, validate=False)
+    return valid_N, payload
+
+
+def _compiled_set(meta: RouteMeta, device: torch.device) -> bool:
+    """Whether the ``set`` payload of this shape decodes through the compiled kernel."""
+    E, K = meta.num_experts, meta.top_k
+    return (
+        fast_shape(E, K, narrowest_dtype(E), device)
+        and set_width(E, K) > 0
+        and little_endian()
+        and kernels.kernel() == "numba"
+    )
+
+
+def _decode_into(
+    payload: torch.Tensor,
+    codec: CodecName,
+    meta: RouteMeta,
+    V: int,
+    out_XLK: torch.Tensor,
+    rows_V: torch.Tensor | None,
+) -> None:
+    """Ids of the payload's ``V`` rows (its size checked) into ``out_XLK`` at ``rows_V``
+    (None: row v) and the MoE slots."""
+    M, K = len(meta.moe_slots), meta.top_k
+    slots_M = torch.tensor(meta.moe_slots, dtype=torch.int64)
+    if V == 0:
+        return
+    if codec == "set" and _compiled_set(meta, out_XLK.device) and out_XLK.is_contiguous():
+        rows = None if rows_V is None else rows_V.cpu()
+        width = set_width(meta.num_experts, K)
+        if not unrank_into(payload, V * M, meta.num_experts, width, out_XLK, rows, slots_M):
+            raise CodecError(f"a set rank is >= C({meta.num_experts}, {K}); the payload is corrupt")
+        return
+    ids_VMK = _decode_payload(payload, codec, meta, V * M).reshape(V, M, K)
+    scatter_rows(ids_VMK, out_XLK, rows_V, slots_M)
 
 
 def _decode_payload(
@@ -253,6 +388,13 @@ def _decode_payload(
             return ids
     else:
         width = set_width(E, K)
+        if pairs and _compiled_set(meta, payload.device):
+            out = empty((pairs, 1, K), torch.uint8, payload.device)
+            if not unrank_into(
+                payload, pairs, E, width, out, None, torch.zeros(1, dtype=torch.int64)
+            ):
+                raise CodecError(f"a set rank is >= C({E}, {K}); the payload is corrupt")
+            return out.reshape(-1)
         if fast_shape(E, K, dtype, payload.device) and pairs and width:
             if covers(width, payload.device):  # each block of ranks is unpacked into cache
                 fast = unrank_from(pairs, E, WordUnpacker(payload, pairs, width).get)

@@ -2,7 +2,7 @@
 
 A rollout batch has one run per sample (all its rows but the last); boolean indexing gathers it
 row by row, several times slower than the copies. The runs are split across threads
-(:func:`rr_core._threads.over_ranges`: numpy's copies release the GIL).
+(:func:`rr_core.threads.over_ranges`: numpy's copies release the GIL).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from rr_core import buffers
-from rr_core._threads import over_ranges
+from rr_core.threads import over_ranges
 
 #: Runs shorter than this on average are gathered by boolean indexing (fewer Python steps).
 _MIN_MEAN_RUN = 16
@@ -43,3 +43,25 @@ def pack_valid_cpu(valid_N: torch.Tensor) -> torch.Tensor | None:
     if valid_N.device.type != "cpu":
         return None
     return torch.from_numpy(np.packbits(valid_N.numpy(), bitorder="little"))
+
+
+def unpack_valid_cpu(bits: torch.Tensor, num_rows: int) -> torch.Tensor | None:
+    """The validity mask of ``unpack_valid`` by ``np.unpackbits`` on the CPU (None elsewhere)."""
+    if bits.device.type != "cpu" or bits.dtype != torch.uint8:
+        return None
+    flags = np.unpackbits(bits.contiguous().numpy(), count=num_rows, bitorder="little")
+    return torch.from_numpy(flags.view(np.bool_))
+
+
+def count_valid(valid_N: torch.Tensor) -> int:
+    """How many rows are valid; numpy's count on the CPU (torch's bool sum is far slower)."""
+    if valid_N.device.type == "cpu":
+        return int(np.count_nonzero(valid_N.numpy()))
+    return int(valid_N.sum())
+
+
+def valid_indices(valid_N: torch.Tensor) -> torch.Tensor:
+    """The int64 row numbers of the valid rows; numpy's on the CPU."""
+    if valid_N.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(valid_N.numpy()))
+    return valid_N.nonzero()[:, 0]

@@ -28,8 +28,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from rr_core._threads import over_ranges
 from rr_core.codecs.sets import _greedy_cpu
+from rr_core.threads import over_ranges
 
 Put = Callable[[int, np.ndarray, int], object]  # (first row, int64 ranks as uint64, next rank)
 Get = Callable[[int, np.ndarray], object]  # (first row, an int64 block to fill, as uint64)

@@ -9,7 +9,7 @@ Per block of rows: each row's 8 bytes sorted by the same 19-pair network (in reg
 rank summed from the same four pair tables, a block with a repeated or out-of-range id refused
 (the general path then names it); then each rank's ``width`` bits appended to the little-endian
 stream a 64-bit word at a time. Ranges of rows start at multiples of 64 rows, so each starts
-on a word and the threads of :func:`rr_core._threads.over_ranges` write disjoint words.
+on a word and the threads of :func:`rr_core.threads.over_ranges` write disjoint words.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rr_core._threads import over_ranges
 from rr_core.buffers import recycled
 from rr_core.codecs.sets_fast import _pair_tables
 from rr_core.kernels import compile_kernel
+from rr_core.threads import over_ranges
 
 _KERNEL: list[Callable[..., bool]] = []
 _BLOCK = 1 << 12  # rows ranked into a cached scratch before they are packed

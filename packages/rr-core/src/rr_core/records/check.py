@@ -21,10 +21,13 @@ import torch
 
 from rr_core.codecs.encoding import CODECS, field_bits, payload_bytes
 from rr_core.errors import RecordFileError, RRError
+from rr_core.records.provenance import read_provenance
 from rr_core.routes.batch import RouteMeta
 
 FORMAT = "rr-routes"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
+#: Versions this rr-core reads: 1 (no provenance), 2 (provenance, rr_core.records.provenance).
+READ_VERSIONS = ("1", "2")
 TENSORS = {"payload": "U8", "valid_bits": "U8", "offsets": "I64"}  # safetensors dtype names
 KEYS = (
     "rr.format",
@@ -40,6 +43,8 @@ KEYS = (
     "producer",
     "checksum",
 )
+#: Keys a version adds to KEYS.
+KEYS_SINCE = {"2": ("provenance",)}
 # Far above any model (hundreds of experts, top-k in the tens, about a hundred layers), low
 # enough that a hostile header cannot make sizing the payload or decoding it take unbounded time.
 MAX_EXPERTS = (1 << 31) - 1  # ids are held in int32 at most
@@ -79,6 +84,13 @@ def _int_list(path: Path, key: str, value: Any, expected: str) -> tuple[int, ...
     return tuple(value)
 
 
+def _present(path: Path, md: Mapping[str, Any], key: str) -> None:
+    if key not in md:
+        raise _bad(path, key, None, "present (every rr record file of its version has it)")
+    if not isinstance(md[key], str):
+        raise _bad(path, key, md[key], "a string")
+
+
 def check_metadata(path: Path, md: Mapping[str, Any]) -> dict[str, Any]:
     """The parsed fields of a record's metadata; raises naming the first bad field."""
     if md.get("rr.format") != FORMAT:
@@ -87,15 +99,16 @@ def check_metadata(path: Path, md: Mapping[str, Any]) -> dict[str, Any]:
             f"{md.get('rr.format')!r}, expected {FORMAT!r})"
         )
     for key in KEYS:
-        if key not in md:
-            raise _bad(path, key, None, "present (every rr record file has it)")
-        if not isinstance(md[key], str):
-            raise _bad(path, key, md[key], "a string")
-    if md["rr.format_version"] != FORMAT_VERSION:
+        _present(path, md, key)
+    version = md["rr.format_version"]
+    if version not in READ_VERSIONS:
         raise RecordFileError(
-            f"{path}: record format version {md['rr.format_version']!r}; this rr-core reads "
-            f"version {FORMAT_VERSION}: upgrade rr-core"
+            f"{path}: record format version {version!r}; this rr-core reads versions "
+            f"{', '.join(READ_VERSIONS)}: upgrade rr-core"
         )
+    for since, keys in KEYS_SINCE.items():
+        for key in keys if int(version) >= int(since) else ():
+            _present(path, md, key)
     codec = md["codec"]
     if codec not in CODECS:
         raise _bad(path, "codec", codec, f"one of {', '.join(CODECS)}")
@@ -130,6 +143,7 @@ def check_metadata(path: Path, md: Mapping[str, Any]) -> dict[str, Any]:
         "num_rows": _uint(path, md, "num_rows", 1 << 62),
         "sample_ids": tuple(ids),
         "producer": producer,
+        "provenance": read_provenance(path, md["provenance"]) if "provenance" in md else {},
         "checksum": md["checksum"],
     }
 

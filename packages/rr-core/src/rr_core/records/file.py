@@ -4,9 +4,12 @@ Tensors: ``payload`` (uint8), ``valid_bits`` (uint8, one bit per row) and ``offs
 ``[B+1]``). Metadata (safetensors strings): ``rr.format``, ``rr.format_version``, ``codec``,
 ``num_experts``, ``top_k``, ``layer_axis``, ``layer_numbers`` and ``moe_layer_numbers`` (JSON),
 ``num_rows``, ``sample_ids`` (JSON list of ints or strings, one per sequence), ``producer``
-(JSON object of versions) and ``checksum``: ``sha256:<hex>`` over the other metadata and every
-tensor's name, dtype, shape and bytes. Every read verifies it, so a flipped bit anywhere in the
-file raises :class:`RecordFileError` naming the file, never yields different routes.
+(JSON object of versions), ``provenance`` (JSON object: the engine, its release and the
+settings that decide whether its routes replay exactly; :mod:`rr_core.records.provenance`;
+format version 2, absent from version-1 files, which still read) and ``checksum``:
+``sha256:<hex>`` over the other metadata and every tensor's name, dtype, shape and bytes.
+Every read verifies it, so a flipped bit anywhere in the file raises :class:`RecordFileError`
+naming the file, never yields different routes.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from rr_core.records.check import (
     check_sample_ids,
     check_tensors,
 )
+from rr_core.records.provenance import provenance_json
 from rr_core.routes.batch import RouteBatch, RouteMeta
 
 SampleId = int | str
@@ -58,6 +62,7 @@ class RecordHeader:
     num_rows: int
     sample_ids: tuple[SampleId, ...]
     producer: dict[str, str] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
     checksum: str = ""
 
 
@@ -83,11 +88,14 @@ def save_routes(
     codec: str = DEFAULT_CODEC,
     sample_ids: Sequence[SampleId] | None = None,
     producer: Mapping[str, str] | None = None,
+    provenance: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``routes`` (encoded with ``codec`` unless already encoded) to ``path`` atomically.
 
     ``sample_ids`` name the sequences (default ``0..B-1``); ``producer`` adds to the versions of
-    :func:`producer_versions`.
+    :func:`producer_versions`; ``provenance`` records where the routes came from (the engine,
+    its release, routing precision, speculative mode, prefix caching, id dtype: see
+    :data:`rr_core.records.provenance.PROVENANCE_KEYS`).
     """
     from safetensors.torch import save
 
@@ -112,6 +120,7 @@ def save_routes(
         "num_rows": str(enc.num_rows),
         "sample_ids": json.dumps(_sample_ids(sample_ids, enc.offsets_B1.numel() - 1)),
         "producer": json.dumps({**producer_versions(), **extra}, sort_keys=True),
+        "provenance": provenance_json(provenance, str(path)),
     }
     tensors = {
         "payload": enc.payload.contiguous().cpu(),

@@ -50,8 +50,10 @@ def write_shard(
     sample_ids: Sequence[SampleId],
     codec: str = DEFAULT_CODEC,
     producer: Mapping[str, str] | None = None,
+    provenance: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write this rank's routes atomically; ``sample_ids`` must be unique across all ranks."""
+    """Write this rank's routes atomically; ``sample_ids`` must be unique across all ranks;
+    ``provenance`` as :func:`~rr_core.save_routes` takes it."""
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -60,7 +62,12 @@ def write_shard(
         ) from exc
     extra = {"rank": str(rank), **(producer or {})}
     return save_routes(
-        shard_path(directory, rank), routes, codec=codec, sample_ids=sample_ids, producer=extra
+        shard_path(directory, rank),
+        routes,
+        codec=codec,
+        sample_ids=sample_ids,
+        producer=extra,
+        provenance=provenance,
     )
 
 

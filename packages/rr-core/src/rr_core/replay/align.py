@@ -2,8 +2,9 @@
 
 Shape legend: N rows returned by the engine, T tokens of one sequence, L layer slots, K top-k.
 Row t holds the experts chosen when token t was the input. Engines return rows from
-``prompt_start`` onwards and none for the last sampled token, which was never fed back (D1); such
-rows are left to the native router (mask False, ids zero), never replayed as expert 0.
+``prompt_start`` onwards and none for the last sampled token, which was never fed back (D1; the
+count is :mod:`rr_core.routes.rows`); such rows are left to the native router (mask False, ids
+zero), never replayed as expert 0.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from rr_core.errors import AlignmentError, RouteValidationError
 from rr_core.routes.args import as_index
+from rr_core.routes.rows import check_route_rows
 from rr_core.routes.validate import ArrayLike, as_int_tensor, is_integer_dtype
 
 
@@ -43,25 +45,15 @@ def align_routes(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(routes_TLK, replay_mask_T)`` for a sequence of ``num_tokens`` tokens.
 
-    Accepts ``N = T - prompt_start - 1`` (the engine's contract) or ``N = T - prompt_start`` (a
-    route for every token); rows before ``prompt_start`` and a missing last row are invalid.
+    Accepts :func:`~rr_core.expected_route_rows` rows (``T - prompt_start - 1``, the engine's
+    contract), or ``T`` rows from ``prompt_start=0`` (a route for every token); rows before
+    ``prompt_start`` and a missing last row are invalid. ``T - prompt_start`` rows from
+    ``prompt_start > 0`` are refused (G4: a request sent with ``prompt_start - 1``).
     """
     routes = _routes_3d(routes_NLK, "routes_NLK")
     T = as_index(num_tokens, "num_tokens", AlignmentError)
     ps, N = as_index(prompt_start, "prompt_start", AlignmentError), routes.shape[0]
-    if T < 0 or not 0 <= ps <= T:
-        raise AlignmentError(
-            f"need num_tokens >= 0 and prompt_start in [0, num_tokens]; got num_tokens={T}, "
-            f"prompt_start={ps}"
-        )
-    accepted = [n for n in (T - ps - 1, T - ps) if n >= 0]
-    if N not in accepted:
-        raise AlignmentError(
-            f"engine returned N={N} route rows for T={T} tokens with prompt_start={ps}; expected "
-            f"{' or '.join(map(str, accepted))} (T - prompt_start - 1 without the last sampled "
-            "token, or T - prompt_start); routes and tokens belong to different sequences or "
-            "were trimmed differently (D1, D7); see `rr explain D1` and `rr explain D7`"
-        )
+    check_route_rows(N, T, prompt_start=ps)
     _, L, K = routes.shape
     routes_TLK = routes.new_zeros((T, L, K))
     routes_TLK[ps : ps + N] = routes
@@ -95,6 +87,8 @@ def pad_rows(
     m = as_index(multiple, "multiple", AlignmentError)
     if m < 1:
         raise AlignmentError(f"multiple must be >= 1; got {m}")
+    if m >= 2**31:
+        raise AlignmentError(f"multiple must be below 2**31 rows; got {m}")
     T, L, K = routes_TLK.shape
     pad = -T % m
     if pad == 0:

@@ -15,9 +15,9 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
+from rr_core.checks import as_index, check_choice
 from rr_core.errors import LayoutError, RouteValidationError
-from rr_core.routes.args import as_index
-from rr_core.routes.axis import LayerAxis, check_choice, check_layer_axis
+from rr_core.routes.axis import LayerAxis, check_layer_axis
 from rr_core.routes.validate import (
     ArrayLike,
     as_bool,
@@ -67,6 +67,19 @@ class RouteMeta:
         """Global layer numbers of the slots that carry routes."""
         return self.layer_numbers if self.moe_layer_numbers is None else self.moe_layer_numbers
 
+    def slot_of(self, layer: int) -> int:
+        """The slot (position on the layer axis) of global layer ``layer``; :class:`LayoutError`
+        naming the axis's layers when it has none. On an all-layers axis of every decoder
+        layer that is ``layer - 1``; on a MoE-layers or a stage's axis it is not."""
+        number = as_index(layer, "layer", LayoutError)
+        try:
+            return self.layer_numbers.index(number)
+        except ValueError:
+            raise LayoutError(
+                f"layer {number} is not on this {self.layer_axis} axis, whose layers are "
+                f"{_span(self.layer_numbers)}"
+            ) from None
+
     @property
     def moe_slots(self) -> tuple[int, ...]:
         """Slot indices (positions on the layer axis) that carry routes."""
@@ -80,11 +93,32 @@ class RouteMeta:
         return tuple(i for i, n in enumerate(self.layer_numbers) if n not in routed)
 
 
+def _span(numbers: Sequence[int]) -> str:
+    if len(numbers) > 8:
+        return f"[{', '.join(map(str, numbers[:4]))}, ..., {numbers[-1]}] ({len(numbers)} layers)"
+    return str(list(numbers))
+
+
+def holds_ids(dtype: torch.dtype, num_experts: int) -> bool:
+    """Whether an integer ``dtype`` holds every id in ``[0, num_experts)`` exactly (uint8 holds
+    256 experts' ids, int16 32768); False for float and bool dtypes, which hold no ids."""
+    if not isinstance(dtype, torch.dtype):
+        raise RouteValidationError(f"dtype must be a torch.dtype; got {dtype!r}")
+    num_experts = as_index(num_experts, "num_experts", RouteValidationError)
+    if dtype.is_floating_point or dtype.is_complex or dtype is torch.bool:
+        return False
+    return int(torch.iinfo(dtype).max) >= num_experts - 1
+
+
 def narrowest_dtype(num_experts: int) -> torch.dtype:
     """The smallest integer dtype that holds every id in ``[0, num_experts)`` exactly."""
     num_experts = as_index(num_experts, "num_experts", RouteValidationError)
     if num_experts < 1:
         raise RouteValidationError(f"num_experts must be >= 1; got {num_experts}")
+    if num_experts > 2**31:
+        raise RouteValidationError(
+            f"num_experts must be <= {2**31} (int32 ids, the widest rr stores); got {num_experts}"
+        )
     if num_experts <= 256:
         return torch.uint8
     return torch.int16 if num_experts <= 32768 else torch.int32
@@ -100,7 +134,7 @@ def narrow_ids(ids: ArrayLike, num_experts: int) -> torch.Tensor:
     source = t.dtype
     t = as_int_tensor(t, "expert ids")
     target = narrowest_dtype(num_experts)
-    if torch.iinfo(source).max < num_experts - 1:
+    if not holds_ids(source, num_experts):
         raise RouteValidationError(
             f"expert ids arrive as {source}, which holds at most {torch.iinfo(source).max}, but "
             f"num_experts={num_experts} needs ids up to {num_experts - 1}: they were probably "
@@ -120,6 +154,11 @@ def narrow_ids(ids: ArrayLike, num_experts: int) -> torch.Tensor:
                 "`rr explain E4`"
             )
     return t.to(target)
+
+
+class SequenceIndexError(RouteValidationError, IndexError):
+    """:meth:`RouteBatch.sequence` of an index outside the batch: an RRError that is also the
+    IndexError of Python's sequence protocol."""
 
 
 class RouteBatch:
@@ -296,7 +335,7 @@ class RouteBatch:
         """Views ``(values_TLK, valid_T)`` of sequence ``i`` (negative ``i`` from the end)."""
         B, i = self.num_sequences, as_index(i, "sequence index", RouteValidationError)
         if not -B <= i < B:
-            raise IndexError(f"sequence {i} out of range for a batch of {B}")
+            raise SequenceIndexError(f"sequence {i} out of range for a batch of {B}")
         a, b = self.offsets_B1[i % B : i % B + 2].tolist()
         return self.values_NLK[a:b], self.valid_N[a:b]
 
@@ -325,7 +364,7 @@ class RouteBatch:
         )
 
     def _padded_length(self, padding_side: str, length: int | None) -> int:
-        check_choice(padding_side, PADDING_SIDES, "padding_side", RouteValidationError)
+        check_choice(padding_side, "padding_side", PADDING_SIDES, RouteValidationError)
         longest = int(self.lengths.max()) if self.num_sequences else 0
         if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
             raise RouteValidationError(f"length must be an int or None; got {length!r}")

@@ -4,7 +4,7 @@ optional: ``pip install rr-core[numba]``; vLLM itself pins numba, so an rr-vllm 
 Each word is read once and its three flags written at once, where numpy makes some thirty
 passes over cached chunks; the formulas are the same, so the flags are equal bit for bit. One
 kernel per (word width, range test) is compiled on first use and cached on disk by numba. The
-kernels release the GIL, so :func:`rr_core._threads.over_ranges` runs them on several threads.
+kernels release the GIL, so :func:`rr_core.threads.over_ranges` runs them on several threads.
 """
 
 from __future__ import annotations

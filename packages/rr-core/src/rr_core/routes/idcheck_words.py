@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from rr_core import kernels
-from rr_core._threads import over_ranges
 from rr_core.routes import idcheck_numba
+from rr_core.threads import over_ranges
 
 CHUNK = 1 << 15
 _WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}

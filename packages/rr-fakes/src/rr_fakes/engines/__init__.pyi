@@ -20,6 +20,10 @@ from ._r3v1 import (
     r3v1_raw as r3v1_raw,
     r3v1_wrap as r3v1_wrap,
 )
+from ._server import (
+    SERVER_FIELDS as SERVER_FIELDS,
+    sglang_server_info as sglang_server_info,
+)
 from ._stream import (
     openai_stream as openai_stream,
     vllm_generate_stream as vllm_generate_stream,

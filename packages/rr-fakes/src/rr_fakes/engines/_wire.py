@@ -181,6 +181,7 @@ def sglang_response(
     faults: Faults = NO_FAULTS,
     sglang_version: str = "0.5.23",
     tokenizer: bool = True,
+    wire_dtype: str | None = None,
 ) -> dict[str, Any]:
     """SGLang's ``/generate`` answer with ``return_routed_experts`` (all hidden layers), as
     ``sglang_version`` sends it.
@@ -191,6 +192,8 @@ def sglang_response(
     with ``skip_tokenizer_init``: 0.5.7-0.5.9 put the int32 tensor itself in ``meta_info``
     (only the detokenizer encoded). ``faults.missing`` leaves the key out (capture off on the
     server); ``num_experts`` is needed only to draw a seeded ``faults.draft_layer0``.
+    ``wire_dtype`` (``"uint8"``, ``"uint16"``): narrow ids with ``routed_experts_dtype`` in
+    ``meta_info``, as sglang PR #31219 (open, in no release) proposes.
     """
     p, g = len(prompt_ids), len(generated_ids)
     routes = as_routes(routes_TLK)
@@ -221,7 +224,10 @@ def sglang_response(
         "cached_tokens": cached_tokens,
     }
     if not faults.missing and not (start_len > p and honoured):
-        raw = finish(rows, np.dtype(np.int32), Faults(uint8_overflow=faults.uint8_overflow))
+        dtype = np.dtype(np.int32 if wire_dtype is None else wire_dtype).newbyteorder("<")
+        raw = finish(rows, dtype, Faults(uint8_overflow=faults.uint8_overflow))
+        if wire_dtype is not None:
+            meta["routed_experts_dtype"] = wire_dtype
         if tokenizer or release_of(sglang_version) >= (0, 5, 10):
             # pybase64.b64encode(tensor.numpy().tobytes()), native (little-endian) int32
             meta["routed_experts"] = base64.b64encode(raw.tobytes(order="C")).decode("ascii")

@@ -35,6 +35,7 @@ from ._lines import (
     MEGATRON_RANGE as MEGATRON_RANGE,
 )
 from ._shims import (
+    megatron_compiled as megatron_compiled,
     megatron_cpu as megatron_cpu,
     unavailable_reason as unavailable_reason,
 )

@@ -8,6 +8,7 @@ controller uses too), so this holds for Megatron's and torch's activation checkp
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -69,15 +70,11 @@ def route_log(model: nn.Module | Sequence[nn.Module]) -> Iterator[RouteLog]:
     """Record every routing map the decoder routers of ``model`` (or its chunks) return while
     the block runs (MTP routers are not on the decoder axis and are left out)."""
     log = RouteLog()
-    handles = []
-    for layer, router in walk_routers(list(model) if isinstance(model, Sequence) else model):
+    with contextlib.ExitStack() as hooks:
+        for layer, router in walk_routers(list(model) if isinstance(model, Sequence) else model):
 
-        def hook(module: nn.Module, args: Any, output: Any, layer: int = layer) -> None:
-            log.record(layer, output)
+            def hook(module: nn.Module, args: Any, output: Any, layer: int = layer) -> None:
+                log.record(layer, output)
 
-        handles.append(router.register_forward_hook(hook))
-    try:
+            hooks.enter_context(router.register_forward_hook(hook))
         yield log
-    finally:
-        for handle in handles:
-            handle.remove()

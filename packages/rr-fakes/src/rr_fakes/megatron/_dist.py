@@ -37,8 +37,8 @@ def gloo_group(
     timeout_s: float = 60.0,
 ) -> Iterator[None]:
     """The default process group on gloo over 127.0.0.1 (size 1 unless ``world_size``);
-    destroyed on exit. Reuses an existing default group (a launched rank already has one)
-    when ``world_size`` is None or matches it."""
+    destroyed on exit (after a barrier when it exits cleanly). Reuses an existing default group
+    (a launched rank already has one) when ``world_size`` is None or matches it."""
     if dist.is_initialized():
         if world_size is not None and dist.get_world_size() != world_size:
             raise RuntimeError(
@@ -56,6 +56,10 @@ def gloo_group(
     )
     try:
         yield
+        if dist.get_world_size() > 1:
+            # Rank 0 hosts the group's store: leaving before the peers finish their own calls
+            # (a new_group, say) breaks their pipe to it ("DistNetworkError: Broken pipe").
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -1,19 +1,20 @@
 """Version flags of the installed megatron-core for the CPU harness, computed once from package
 metadata only (importing megatron.core itself needs triton on 0.18+, which is one of the things
-the harness provides). The facts are ``HARNESS_FEATURES`` in ``rr_megatron_compat._supported``."""
+the harness provides). The facts are ``HARNESS_FEATURES`` in :mod:`rr_fakes.pins`."""
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from rr_core.features import feature_flags
 from rr_fakes.megatron._lines import MEGATRON_RANGE
-from rr_megatron_compat._supported import HARNESS_FEATURES
+from rr_fakes.pins import HARNESS_FEATURES
 
 
 class MegatronNotInstalledError(ImportError):
@@ -60,6 +61,6 @@ def megatron_flags() -> MegatronFlags:
         raise MegatronNotInstalledError(
             f"megatron-core {v} is outside the range the CPU harness supports ({MEGATRON_RANGE})"
         )
-    flags = {name: v in SpecifierSet(spec) for name, spec in HARNESS_FEATURES.items()}
-    flags["needs_triton"] = flags["needs_triton"] and importlib.util.find_spec("triton") is None
-    return MegatronFlags(version=v, **flags)
+    flags = feature_flags(MegatronFlags, HARNESS_FEATURES, v, version=v)
+    triton = flags.needs_triton and importlib.util.find_spec("triton") is None
+    return replace(flags, needs_triton=triton)

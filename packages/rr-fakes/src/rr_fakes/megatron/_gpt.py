@@ -11,7 +11,6 @@ says so (see the harness tests); Megatron places the MTP block on the last pipel
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,28 +193,27 @@ def train_step(
 ) -> list[float]:
     """One forward (and backward) over ``microbatches`` through Megatron's schedule for this
     parallel layout (no pipelining, 1F1B, or interleaved 1F1B with VPP). With a
-    :class:`rr_core.ReplayController` each forward runs inside ``controller.microbatch(i)``
-    with its output tracked, as an RL trainer drives rr; the index travels with the data, so
-    it is right in whatever order the schedule runs the chunks. Returns the mean token loss of
-    each micro-batch on the last pipeline stage, nothing elsewhere."""
+    :class:`rr_core.ReplayController` the forward step is wrapped as an RL trainer drives rr
+    (:func:`rr_megatron_compat.replay_forward_step`): each forward runs inside
+    ``controller.microbatch(i)`` with its output tracked, in whatever order the schedule runs
+    the chunks. Returns the mean token loss of each micro-batch on the last pipeline stage,
+    nothing elsewhere."""
     schedules = _megatron("pipeline_parallel.schedules")
     models = list(chunks) if isinstance(chunks, Sequence) else [chunks]
     batch, seq = microbatches[0]["input_ids"].shape
 
-    def forward_step(
-        data_iterator: Iterator[tuple[int, Mapping[str, torch.Tensor]]], model: nn.Module
-    ) -> Any:
-        index, data = next(data_iterator)
-        scope = contextlib.nullcontext() if controller is None else controller.microbatch(index)
-        with scope as mb:
-            output = model(
-                data["input_ids"], data["position_ids"], attention_mask=None, labels=data["labels"]
-            )
-            if mb is not None:
-                mb.track(output)
+    def forward_step(data_iterator: Iterator[Mapping[str, torch.Tensor]], model: nn.Module) -> Any:
+        data = next(data_iterator)
+        output = model(
+            data["input_ids"], data["position_ids"], attention_mask=None, labels=data["labels"]
+        )
         return output, _loss
 
-    iterators = [iter(enumerate(microbatches)) for _ in models]
+    if controller is not None:
+        from rr_megatron_compat._schedule import replay_forward_step
+
+        forward_step = replay_forward_step(controller, forward_step)
+    iterators = [iter(microbatches) for _ in models]
     forward_backward: Callable[..., Any] = schedules.get_forward_backward_func()
     losses = forward_backward(
         forward_step_func=forward_step,

@@ -1,11 +1,16 @@
-"""The megatron-core lines the CPU harness is tested on, as ``rr_megatron_compat._supported``
-holds them (the one home of megatron-core version facts, which the noxfile reads by path)."""
+"""The megatron-core lines the CPU harness is tested on (:mod:`rr_fakes.pins`, which the noxfile
+reads by path), and the range it supports: the range rr-megatron-compat publishes for
+``rr doctor`` (entry point ``rr.supported``)."""
 
 from __future__ import annotations
 
-from rr_megatron_compat._supported import MEGATRON_LINES, SUPPORTED
+from importlib.metadata import entry_points
+
+from rr_fakes.pins import MEGATRON_LINES
+
+(_COMPAT,) = [e for e in entry_points(group="rr.supported") if e.name == "rr-megatron-compat"]
 
 #: The range the harness supports: the range rr-megatron-compat supports.
-MEGATRON_RANGE = SUPPORTED["megatron-core"]
+MEGATRON_RANGE: str = _COMPAT.load()["megatron-core"]
 
 __all__ = ["MEGATRON_LINES", "MEGATRON_RANGE"]

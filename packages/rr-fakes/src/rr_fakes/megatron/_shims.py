@@ -309,6 +309,11 @@ def megatron_cpu() -> Iterator[MegatronFlags]:
     imported under it stay usable afterwards). Megatron's own activation recompute
     (``recompute_granularity``) saves and restores the CPU generator's state in place of the
     CUDA one.
+
+    Megatron's ``jit_fuser`` functions (``torch.compile`` on torch 2.2+) run eagerly here:
+    dynamo would trace this context's CUDA-to-CPU mode rather than Megatron's code (a GPU has
+    no such mode) and recompile the mode per operator call, which was over half the time of a
+    megatron-core test run. :func:`megatron_compiled` turns compilation back on.
     """
     global _depth
     flags = megatron_flags()
@@ -324,12 +329,20 @@ def megatron_cpu() -> Iterator[MegatronFlags]:
     _depth += 1
     try:
         _apply(flags, patches)
-        with mode:
+        with mode, torch._dynamo.config.patch(disable=True):
             yield flags
     finally:
         _depth -= 1
         _remove_triton_stub()
         patches.restore(force=True)  # whatever megatron changed since, put the process back
+
+
+@contextlib.contextmanager
+def megatron_compiled() -> Iterator[None]:
+    """Inside :func:`megatron_cpu`, compile Megatron's ``jit_fuser`` functions as a GPU run
+    does (for a test of rr under the compiled path)."""
+    with torch._dynamo.config.patch(disable=False):
+        yield
 
 
 @functools.cache

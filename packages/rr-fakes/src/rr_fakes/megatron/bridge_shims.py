@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from rr_core.patching import Patches
-from rr_fakes.megatron._shims import megatron_cpu
+from rr_fakes.megatron._nested import outermost_under_megatron_cpu
 
 #: The modules of megatron-bridge 0.6.2 that import Transformer Engine unconditionally.
 TE_IMPORTERS = frozenset({"megatron.bridge.peft.lora_layers"})
@@ -156,40 +156,24 @@ def _use_local_specs(patches: Patches) -> None:
     )
 
 
-_depth = 0
-
-
-@contextlib.contextmanager
+@outermost_under_megatron_cpu
 def bridge_cpu() -> Iterator[None]:
     """Import and build Megatron-Bridge models on CPU inside this context (see the module
     docstring for what it shims); everything is put back on exit. Nested entries share the
     outer one."""
-    global _depth
-    with megatron_cpu():
-        if _depth:
-            _depth += 1
-            try:
-                yield
-            finally:
-                _depth -= 1
-            return
-        patches = Patches()
-        _depth += 1
-        try:
-            if not hasattr(typing, "override"):  # Python 3.11
-                patches.set(
-                    typing, "override", importlib.import_module("typing_extensions").override
-                )
-            nvtx = importlib.import_module("torch.cuda.nvtx")
-            patches.set(nvtx, "range_push", _nvtx_push)
-            patches.set(nvtx, "range_pop", _nvtx_pop)
-            with _te_for_importers(TE_IMPORTERS):
-                importlib.import_module("megatron.bridge")
-            _use_local_specs(patches)
-            yield
-        finally:
-            _depth -= 1
-            patches.restore(force=True)
+    patches = Patches()
+    try:
+        if not hasattr(typing, "override"):  # Python 3.11
+            patches.set(typing, "override", importlib.import_module("typing_extensions").override)
+        nvtx = importlib.import_module("torch.cuda.nvtx")
+        patches.set(nvtx, "range_push", _nvtx_push)
+        patches.set(nvtx, "range_pop", _nvtx_pop)
+        with _te_for_importers(TE_IMPORTERS):
+            importlib.import_module("megatron.bridge")
+        _use_local_specs(patches)
+        yield
+    finally:
+        patches.restore(force=True)
 
 
 @functools.cache

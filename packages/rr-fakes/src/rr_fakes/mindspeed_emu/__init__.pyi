@@ -7,11 +7,13 @@ from ._config import (
     TransformerConfig as TransformerConfig,
     make_config_patches as make_config_patches,
 )
+from ._adaptor import MEGATRON_ADAPTOR as MEGATRON_ADAPTOR
 from ._features import (
     LINES as LINES,
+    PRE_PATCH_LINES as PRE_PATCH_LINES,
     Feature as Feature,
+    FeaturesManager as FeaturesManager,
     Targets as Targets,
-    dummy_compile as dummy_compile,
     features_for as features_for,
 )
 from ._install import (
@@ -25,6 +27,9 @@ from ._patches import (
     PatchManager as PatchManager,
     is_stacking as is_stacking,
     new_patch_manager as new_patch_manager,
+)
+from ._requirements import (
+    dummy_compile as dummy_compile,
 )
 from ._routing import (
     native_dense_routing as native_dense_routing,

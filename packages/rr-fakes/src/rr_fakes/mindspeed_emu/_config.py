@@ -12,44 +12,61 @@
   through the generated class (``dataclasses.replace``) lacks the unknown attributes and a
   feature's validation raises AttributeError; ``fix_router`` with EP=1 raises AssertionError.
 - ``__init_subclass__`` (0.12 and 0.16 only): a subclass defined afterwards gets an annotation and
-  a class default for every unknown global argument.
+  a class default for every unknown global argument: a callable that is not a class becomes a
+  ``default_factory``, a list / dict / set / bytearray ``default_factory=lambda: value``, which
+  (as in MindSpeed's loop) returns whatever the loop variable held last, not that value.
+- 0.16 only: a known key ``rope_type`` whose value is None is not passed on (``ignore_config``),
+  so the class default stays; the other lines pass it.
+- The generated class is named like the class; its module is ``types`` on Python 3.11 (where
+  ``make_dataclass`` takes no module) and MindSpeed's ``arguments_basic`` module from 3.12 on.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import inspect
+import sys
 from argparse import Namespace
 from collections.abc import Callable, Sequence
 from typing import Any
 
 InitFunc = Callable[..., None]
 ArgsFunc = Callable[[], Namespace]
+ARGUMENTS_MODULE = "mindspeed.core.megatron_basic.arguments_basic"
+_MUTABLE = (list, dict, set, bytearray)
+
+
+def _generated_class(cls: type, fields: list[Any]) -> type:
+    if sys.version_info < (3, 12):
+        return dataclasses.make_dataclass(cls.__name__, fields, bases=(cls,))
+    return dataclasses.make_dataclass(cls.__name__, fields, bases=(cls,), module=ARGUMENTS_MODULE)
 
 
 def make_config_patches(
-    get_full_args: ArgsFunc, features: Callable[[], Sequence[Any]]
+    get_full_args: ArgsFunc, features: Callable[[], Sequence[Any]], line: str = "0.12"
 ) -> tuple[Callable[[InitFunc], InitFunc], Callable[[InitFunc], InitFunc], Callable[..., None]]:
     """The three functions MindSpeed registers on the config classes, over the emulation's
-    global arguments and feature list."""
+    global arguments and (live) feature list, as on MindSpeed ``line``."""
+    ignored = ("rope_type",) if line == "0.16" else ()
 
     def transformer_config_init_wrapper(init: InitFunc) -> InitFunc:
         @functools.wraps(init)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
             full_args = {**vars(get_full_args()), **kwargs}
             accepted = inspect.signature(self.__class__).parameters
-            known = {k: v for k, v in full_args.items() if k in accepted}
+            known = {
+                k: v
+                for k, v in full_args.items()
+                if k in accepted and (v is not None or k not in ignored)
+            }
             unknown = {k: v for k, v in full_args.items() if k not in accepted}
             fields = [
-                (k, type(v), dataclasses.field(init=False))
+                (str(k), type(v), dataclasses.field(init=False))
                 for k, v in unknown.items()
                 if not hasattr(self, k)
             ]
-            self.__class__ = dataclasses.make_dataclass(
-                self.__class__.__name__, fields, bases=(self.__class__,)
-            )
+            self.__class__ = _generated_class(self.__class__, fields)
             for key, value in unknown.items():
                 if not hasattr(self, key):
                     setattr(self, key, value)
@@ -73,12 +90,17 @@ def make_config_patches(
     def transformer_config_init_subclass(cls: type, **kwargs: Any) -> None:
         full_args = {**vars(get_full_args()), **kwargs}
         accepted = inspect.signature(cls).parameters
-        for key, value in full_args.items():
-            if key not in accepted and not hasattr(cls, key):
-                cls.__annotations__[key] = type(value)
-                if isinstance(value, (list, dict, set, bytearray)):
-                    value = dataclasses.field(default_factory=functools.partial(copy.copy, value))
-                setattr(cls, key, value)
+        unknown = {k: v for k, v in full_args.items() if k not in accepted}
+        value: Any = None
+        for key, value in unknown.items():
+            if hasattr(cls, key):
+                continue
+            cls.__annotations__[key] = type(value)
+            if callable(value) and not isinstance(value, type):
+                value = dataclasses.field(default_factory=value)
+            elif type(value) in _MUTABLE:
+                value = dataclasses.field(default_factory=lambda: value)  # noqa: B023
+            setattr(cls, key, value)
 
     return (
         transformer_config_init_wrapper,
@@ -103,6 +125,9 @@ class TransformerConfig:
     moe_router_score_function: str = "softmax"
     moe_token_dispatcher_type: str = "allgather"
     moe_expert_capacity_factor: float | None = None
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_grouped_gemm: bool = False
+    tensor_model_parallel_size: int = 1
     expert_model_parallel_size: int = 1
     mtp_num_layers: int | None = None
 
@@ -121,3 +146,4 @@ class MLATransformerConfig(TransformerConfig):
     qk_head_dim: int = 128
     qk_pos_emb_head_dim: int = 64
     v_head_dim: int = 128
+    rope_type: str = "yarn"

@@ -1,13 +1,18 @@
 """The emulated ``mindspeed`` package in ``sys.modules`` for the span of a test.
 
 Mirrors ``mindspeed/megatron_adaptor.py`` and ``features_manager/features_manager.py`` (every
-line): importing ``mindspeed.megatron_adaptor`` runs ``patch_features`` once: the features'
-pre-patches are registered and applied (**before Megatron is imported**: a module that bound
-``torch.compile`` earlier, such as ``megatron.core.jit.jit_fuser``, keeps the real one), then
-their patches are registered and applied; targets are dotted names, imported at apply time.
-``repatch(args)`` removes every patch, sets ``args`` on the global arguments, then registers
-and applies the pre-patches and the patches again: two ``apply_patches`` calls. The global
-arguments come from ``mindspeed.args_utils.get_full_args()``.
+line): importing ``mindspeed.megatron_adaptor`` runs ``patch_features`` once: the MindSpeed
+arguments are parsed from the command line, the features' pre-patches are registered and
+applied (**before Megatron is imported**: a module that bound ``torch.compile`` earlier, such as
+``megatron.core.jit.jit_fuser``, keeps the real one), then their patches are registered and
+applied; targets are dotted names, imported at apply time. ``repatch(args)`` removes every
+patch, sets ``args`` on the global arguments, then registers and applies the pre-patches and the
+patches again: two ``apply_patches`` calls. The global arguments come from
+``mindspeed.args_utils.get_full_args()``; the features from
+``MindSpeedFeaturesManager.FEATURES_LIST`` (``mindspeed.features_manager.features_manager``),
+read at every call. On 0.17 / 0.18 the ``mindspeed`` package imports the MegatronAdaptor
+(module ``megatron_adaptor``) first: the emulation puts both in ``sys.modules`` on entry, MA
+after whatever was imported before.
 
 Unlike MindSpeed, leaving the context restores every attribute ever patched and removes the
 modules, so tests can run in any order in one process.
@@ -25,14 +30,26 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
+from rr_fakes.mindspeed_emu._adaptor import (
+    MEGATRON_ADAPTOR,
+    import_megatron_adaptor,
+    remove_megatron_adaptor,
+)
+from rr_fakes.mindspeed_emu._args import (
+    megatron_training_args,
+    parse_mindspeed_args,
+    parser_unknown_args,
+)
 from rr_fakes.mindspeed_emu._config import make_config_patches
 from rr_fakes.mindspeed_emu._features import (
     LINES,
+    PRE_PATCH_LINES,
     Feature,
-    RequirementsFeature,
+    FeaturesManager,
     Targets,
-    default_args,
     features_for,
+    new_features_manager,
+    parser_for,
 )
 from rr_fakes.mindspeed_emu._patches import (
     Patch,
@@ -48,6 +65,7 @@ _MODULES = (
     "mindspeed.patch_utils",
     "mindspeed.args_utils",
     "mindspeed.features_manager",
+    "mindspeed.features_manager.features_manager",
     ADAPTOR,
 )
 
@@ -70,39 +88,60 @@ def installed_line() -> str:
 
 
 class EmulatedMindSpeed:
-    """Handle of an installed emulation: its line, patch manager, global arguments, features
-    and the calls that went through a routing replacement (``bypass_calls``)."""
+    """Handle of an installed emulation: its line, patch manager, features manager (whose
+    ``FEATURES_LIST`` is ``features``), global arguments and the calls that went through a
+    routing replacement (``bypass_calls``)."""
 
     def __init__(
-        self, *, line: str, targets: Targets, args: Mapping[str, Any], pre_patches: bool
+        self,
+        *,
+        line: str,
+        targets: Targets,
+        args: Mapping[str, Any],
+        argv: Sequence[str] | None,
+        pre_patches: bool,
     ) -> None:
-        self.line, self.targets = line, targets
+        self.line, self.targets, self.argv = line, targets, argv
         self.manager: type[PatchManager] = new_patch_manager()
+        self.features_manager: type[FeaturesManager] = new_features_manager(self.manager)
+        self.features: list[Feature] = self.features_manager.FEATURES_LIST  # the live list
         self.bypass_calls: list[str] = []
         self.adaptor_imported = False
-        self.config_patches = make_config_patches(self.get_full_args, lambda: self.features)
-        self.features: list[Feature] = features_for(
-            line, targets, self.get_full_args, self.config_patches, self.bypass_calls
+        self.config_patches = make_config_patches(
+            self.get_full_args, lambda: self.features_manager.FEATURES_LIST, line
         )
-        if not pre_patches:
-            self.features = [f for f in self.features if not isinstance(f, RequirementsFeature)]
-        self.args = Namespace(**{**default_args(self.features), **args})
+        self.features_manager.set_features_list(
+            features_for(
+                line, targets, self.get_full_args, self.config_patches, self.bypass_calls,
+                pre_patches,
+            )
+        )  # fmt: skip
+        self.overrides = dict(args)
+        self._args: Namespace | None = None
+
+    def get_mindspeed_args(self) -> Namespace:
+        """Parsed once from ``argv`` (``None``: ``sys.argv[1:]``) with every listed feature's
+        flags; ``args`` given to :func:`emulated_mindspeed` are set on top."""
+        if self._args is None:
+            parsed = parse_mindspeed_args(parser_for(self.features_manager), self.argv)
+            for key, value in self.overrides.items():
+                setattr(parsed, key, value)
+            self._args = parsed
+        return self._args
+
+    @property
+    def args(self) -> Namespace:
+        return self.get_mindspeed_args()
 
     def get_full_args(self) -> Namespace:
-        return self.args
+        return megatron_training_args() or self.get_mindspeed_args()
 
     def apply_pre_patches(self, args: Namespace) -> None:
-        for feature in self.features:
-            if feature.is_need_apply(args):
-                feature.pre_register_patches(self.manager, args)
-        self.manager.apply_patches()
+        self.features_manager.apply_features_pre_patches(args)
 
     def apply_patches(self, args: Namespace) -> None:
         with self._megatron_imports():
-            for feature in self.features:
-                if feature.is_need_apply(args):
-                    feature.register_patches(self.manager, args)
-            self.manager.apply_patches()
+            self.features_manager.apply_features_patches(args)
 
     def _megatron_imports(self) -> AbstractContextManager[Any]:
         """Megatron's targets import under the CPU harness (megatron-core 0.18+ needs its
@@ -115,16 +154,18 @@ class EmulatedMindSpeed:
 
     def patch_features(self) -> None:
         """What importing ``mindspeed.megatron_adaptor`` does."""
-        self.apply_pre_patches(self.args)
-        self.apply_patches(self.args)
+        mindspeed_args = self.get_mindspeed_args()
+        self.apply_pre_patches(mindspeed_args)
+        self.apply_patches(mindspeed_args)
 
     def repatch(self, args: Mapping[str, Any] | None = None) -> None:
         """MindSpeed's ``repatch``: remove all, set ``args``, pre-patch and patch again."""
-        self.manager.remove_patches()
+        self.features_manager.remove_patches()
+        full_args = self.get_full_args()
         for key, value in (args or {}).items():
-            setattr(self.args, key, value)
-        self.apply_pre_patches(self.args)
-        self.apply_patches(self.args)
+            setattr(full_args, key, value)
+        self.apply_pre_patches(full_args)
+        self.apply_patches(full_args)
 
     def patch(self, target: str) -> Patch | None:
         """The registry's record of ``target`` (kept after removal, as in MindSpeed)."""
@@ -165,14 +206,23 @@ def _modules(handle: EmulatedMindSpeed) -> dict[str, types.ModuleType]:
     patch_utils.MindSpeedPatchesManager = handle.manager  # type: ignore[attr-defined]
     patch_utils.Patch = Patch  # type: ignore[attr-defined]
     args_utils = types.ModuleType("mindspeed.args_utils")
+    args_utils.get_mindspeed_args = handle.get_mindspeed_args  # type: ignore[attr-defined]
     args_utils.get_full_args = handle.get_full_args  # type: ignore[attr-defined]
+    args_utils.parser_unknown_args = parser_unknown_args  # type: ignore[attr-defined]
+    manager_module = types.ModuleType("mindspeed.features_manager.features_manager")
+    manager_module.MindSpeedFeaturesManager = handle.features_manager  # type: ignore[attr-defined]
     features = types.ModuleType("mindspeed.features_manager")
-    features.FEATURES_LIST = handle.features  # type: ignore[attr-defined]
+    features.__path__ = []
+    features.MindSpeedFeature = Feature  # type: ignore[attr-defined]
+    features.MindSpeedFeaturesManager = handle.features_manager  # type: ignore[attr-defined]
+    features.FEATURES_LIST = []  # type: ignore[attr-defined]  # MindSpeed's static one
+    features.features_manager = manager_module  # type: ignore[attr-defined]
     return {
         "mindspeed": package,
         "mindspeed.patch_utils": patch_utils,
         "mindspeed.args_utils": args_utils,
         "mindspeed.features_manager": features,
+        "mindspeed.features_manager.features_manager": manager_module,
     }
 
 
@@ -184,18 +234,22 @@ def emulated_mindspeed(
     moe_tp_extend_ep: bool = False,
     fix_router: bool = False,
     args: Mapping[str, Any] | None = None,
+    argv: Sequence[str] | None = (),
     import_adaptor: bool = False,
     pre_patches: bool = True,
 ) -> Iterator[EmulatedMindSpeed]:
     """Install an emulated ``mindspeed`` (MindSpeed ``line``, by default the one matching the
     installed megatron-core) into ``sys.modules``; remove it fully on exit.
 
-    ``args`` are global arguments (MindSpeed merges them into every config); ``moe_tp_extend_ep``
-    also sets the ``alltoall_seq`` dispatcher unless ``args`` names another. ``pre_patches=False``
-    leaves out the pre-patches (for a process that imported Megatron already, where MindSpeed's
-    would come too late). With ``import_adaptor`` the adaptor is imported before the body runs.
+    ``argv`` is the command line MindSpeed parses its arguments from (``None``: ``sys.argv[1:]``,
+    as MindSpeed does; the default is an empty one, since under a test runner its options would
+    become global arguments). ``args`` are set on the parsed global arguments (MindSpeed merges
+    them into every config); ``moe_tp_extend_ep`` also sets the ``alltoall_seq`` dispatcher
+    unless ``args`` names another. ``pre_patches=False`` leaves out the pre-patches and, on 0.17
+    / 0.18, the MegatronAdaptor (for a process that imported Megatron already, where they would
+    come too late). With ``import_adaptor`` the adaptor is imported before the body runs.
     """
-    present = [name for name in _MODULES if name in sys.modules]
+    present = [name for name in (*_MODULES, MEGATRON_ADAPTOR) if name in sys.modules]
     if present:
         raise RuntimeError(
             f"{present} already in sys.modules (a real MindSpeed or another emulation); "
@@ -208,10 +262,16 @@ def emulated_mindspeed(
         merged["fix_router"] = True  # on 0.16 an attribute no feature reads
     merged.update(args or {})
     handle = EmulatedMindSpeed(
-        line=line or installed_line(), targets=targets, args=merged, pre_patches=pre_patches
+        line=line or installed_line(),
+        targets=targets,
+        args=merged,
+        argv=argv,
+        pre_patches=pre_patches,
     )
     loader = _AdaptorLoader(handle)
     sys.modules.update(_modules(handle))
+    if pre_patches and handle.line not in PRE_PATCH_LINES:
+        import_megatron_adaptor()  # mindspeed/__init__.py: import megatron_adaptor
     sys.meta_path.insert(0, loader)
     try:
         if import_adaptor:
@@ -219,6 +279,7 @@ def emulated_mindspeed(
         yield handle
     finally:
         sys.meta_path.remove(loader)
+        remove_megatron_adaptor()
         restore_everything(handle.manager)
         for name in _MODULES:
             sys.modules.pop(name, None)

@@ -8,6 +8,8 @@ for blank lines).
   the functions whose ``__name__`` ends in ``wrapper`` / ``decorator``, applied in order over
   ``patch_func or orig_func``; ``final_patch_func`` is what was set.
 - ``register_patch(name)`` without a function registers a dummy replacement that raises.
+- ``orig_func_id`` / ``patch_func_id`` are properties: ``id()`` of the current ``orig_func`` /
+  ``patch_func`` (so ``id(None)`` once removed), not ids kept from registration.
 - ``apply_patch`` does nothing when ``is_applied``; the first apply remembers ``orig_module`` /
   ``orig_func`` for good. It sets the result on the owner and on every module in
   ``sys.modules`` whose attribute of that name *is* the current object.
@@ -15,6 +17,12 @@ for blank lines).
   a module holds, where the attribute *is* ``final_patch_func``, skipping modules whose name
   contains ``mindspeed``; then ``patch_func`` and ``final_patch_func`` become None. The entry
   stays in ``patches_info``; ``remove_patches`` also clears its wrappers.
+- Both sweeps read modules with ``hasattr`` / ``getattr``, so a module-level ``__getattr__``
+  runs for the patched name on every module in ``sys.modules`` (lazy modules, rr's own among
+  them, import what they re-export under that name; an ImportError raised there ends
+  ``apply_patches``), and a lazily re-exported copy is replaced like a plain one. A class
+  attribute is compared as ``getattr`` returns it: a ``classmethod`` reads as a new bound method
+  each time, so ``remove_patch`` never puts back a replaced ``__init_subclass__``.
 
 The manager is a class whose methods are called on the class, over a class-level dict, as in
 MindSpeed; :func:`new_patch_manager` makes a fresh one per emulation.
@@ -140,26 +148,41 @@ class Patch:
         final = self.orig_func if self.patch_func is None else self.patch_func
         for wrapper in self.wrappers:
             final = wrapper(final)
-        if self.orig_func_name is not None:
-            setattr(self.orig_module, self.orig_func_name, final)
-            for holder in list(sys.modules.values()):
-                if id(_own(holder, self.orig_func_name)) == id(current):
-                    setattr(holder, self.orig_func_name, final)
+        name = self.orig_func_name
+        if name is not None:
+            setattr(self.orig_module, name, final)
+        for holder in list(sys.modules.copy().values()):
+            if (
+                name is not None
+                and hasattr(holder, name)
+                and id(getattr(holder, name)) == id(current)
+            ):
+                _remember(holder, name)
+                setattr(holder, name, final)
         self.is_applied = True
         self.final_patch_func = final
+
+    @property
+    def orig_func_id(self) -> int:
+        return id(self.orig_func)
+
+    @property
+    def patch_func_id(self) -> int:
+        return id(self.patch_func)
 
     def remove_patch(self) -> None:
         class_name = self.orig_module_name.split(".")[-1]
         name = self.orig_func_name
-        for key, holder in list(sys.modules.items()):
-            if "mindspeed" in key or key == "torch.classes" or holder is None or name is None:
+        for key, holder in list(sys.modules.copy().items()):
+            if "mindspeed" in key or key == "torch.classes":
                 continue
-            if inspect.isclass(self.orig_module) and _own(holder, class_name) is not _ABSENT:
-                held = getattr(_own(holder, class_name), name, _ABSENT)  # the class of that name
-                holder = _own(holder, class_name)
-            else:
-                held = _own(holder, name)
-            if held is not _ABSENT and id(held) == id(self.final_patch_func):
+            if inspect.isclass(self.orig_module) and hasattr(holder, class_name):
+                holder = getattr(holder, class_name)  # the class of that name this module holds
+            if (
+                name is not None
+                and hasattr(holder, name)
+                and id(getattr(holder, name)) == id(self.final_patch_func)
+            ):
                 setattr(holder, name, self.orig_func)
         self.patch_func = None
         self.final_patch_func = None

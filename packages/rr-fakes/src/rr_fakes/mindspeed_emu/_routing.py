@@ -1,8 +1,15 @@
 """What MindSpeed's routing replacements compute (no hook of Megatron's is reached from them).
 
-- ``routing_tp_extend_ep`` (``mindspeed/core/transformer/moe/moe_feature/common.py``, every
-  branch): ``TopKRouter.routing`` without the tensor-parallel gather; its top-k is MindSpeed's
-  own import of the top-k function, so a hook on Megatron's module attribute is never reached.
+- ``routing_tp_extend_ep(self, logits)`` (``mindspeed/core/transformer/moe/moe_feature/common.py``,
+  read on 26.1.0_core_r0.12.1 and core_r0.16.0): exactly two parameters. It views the logits as
+  ``[T, E]``, applies the router's z-loss, gathers them from the sequence-parallel region, then
+  by ``self.routing_type``: ``sinkhorn`` -> ``self.sinkhorn_load_balancing``, ``aux_loss`` ->
+  ``self.aux_loss_load_balancing`` (Megatron's method, which calls the router module's top-k:
+  the function rr hooks on 0.12), ``none`` -> MindSpeed's own import of
+  ``topk_softmax_with_capacity`` (imported on 0.12 only: a NameError on 0.16), anything else a
+  ValueError; then splits scores and map along the first dimension again. On megatron-core
+  0.16+ ``TopKRouter.forward`` calls ``self.routing(logits, padding_mask=...)``, so the first
+  forward raises TypeError, and Megatron's router has no ``aux_loss_load_balancing`` there.
 - ``topk_softmax_with_capacity`` (``mindspeed/core/transformer/moe/moe_utils.py``, registered by
   fix-router): Megatron's selection computed in MindSpeed's module (softmax / pre-softmax /
   sigmoid with expert bias, group-limited through its own import of ``group_limited_topk``,
@@ -116,25 +123,103 @@ def make_topk_softmax_with_capacity(
     return topk_softmax_with_capacity
 
 
-def make_routing_tp_extend_ep(calls: list[str]) -> Callable[..., Any]:
-    """moe_tp_extend_ep's replacement of ``TopKRouter.routing`` (a plain top-k of the
-    router's own k and score function)."""
+def make_routing_tp_extend_ep(
+    own_topk: Callable[..., Any] | None,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+    split: Callable[[torch.Tensor], torch.Tensor],
+    calls: list[str],
+) -> Callable[..., Any]:
+    """moe_tp_extend_ep's replacement of ``TopKRouter.routing``; ``own_topk`` is MindSpeed's
+    import of ``topk_softmax_with_capacity`` (None where its module imports none), ``gather`` /
+    ``split`` Megatron's sequence-parallel mappings."""
 
-    def routing_tp_extend_ep(self: Any, logits: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def routing_tp_extend_ep(self: Any, logits: torch.Tensor) -> Any:
         calls.append("TopKRouter.routing")
-        config = getattr(self, "config", None)
-        k = getattr(self, "topk", None) or getattr(config, "moe_router_topk", None)
-        score = getattr(self, "score_function", None) or getattr(
-            config, "moe_router_score_function", "softmax"
-        )
-        if not isinstance(k, int):
-            raise AttributeError("router has neither .topk nor .config.moe_router_topk")
-        return native_dense_routing(logits.reshape(-1, logits.shape[-1]), k, str(score))
+        logits = logits.view(-1, self.config.num_moe_experts)
+        logits = self.apply_z_loss(logits)
+        logits = gather(logits)
+        if self.routing_type == "sinkhorn":
+            scores, routing_map = self.sinkhorn_load_balancing(logits)
+        elif self.routing_type == "aux_loss":
+            scores, routing_map = self.aux_loss_load_balancing(logits)
+        elif self.routing_type == "none":
+            if own_topk is None:
+                raise NameError("name 'topk_softmax_with_capacity' is not defined")
+            scores, routing_map, _ = own_topk(
+                logits,
+                self.topk,
+                capacity_factor=self.config.moe_expert_capacity_factor,
+                pad_to_capacity=self.config.moe_pad_expert_input_to_capacity,
+                drop_policy=self.config.moe_token_drop_policy,
+                use_pre_softmax=self.config.moe_router_pre_softmax,
+                deterministic_mode=self.config.deterministic_mode,
+            )
+        else:
+            raise ValueError(f"Unsupported MoE routing type: {self.routing_type}")
+        return split(scores), split(routing_map)
 
     return routing_tp_extend_ep
 
 
+def _sequential_experts() -> Any:
+    """Megatron's per-expert MLPs: the CPU stand-in for MindSpeed's grouped-matmul experts."""
+    import importlib
+
+    spec = importlib.import_module("megatron.core.transformer.spec_utils").ModuleSpec
+    experts = importlib.import_module("megatron.core.transformer.moe.experts")
+    mlp = importlib.import_module("megatron.core.transformer.mlp")
+    layers = importlib.import_module("megatron.core.tensor_parallel.layers")
+    return spec(
+        module=experts.SequentialMLP,
+        submodules=mlp.MLPSubmodules(
+            linear_fc1=layers.ColumnParallelLinear, linear_fc2=layers.RowParallelLinear
+        ),
+    )
+
+
+def _megatron(name: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"megatron.core.{name}")
+
+
+def _seq_dispatcher() -> Any:
+    """Megatron's alltoall_seq dispatcher (0.12) standing in for MindSpeed's; Megatron's
+    alltoall one where the release has no alltoall_seq (0.16)."""
+    try:
+        return _megatron(
+            "transformer.moe.legacy_a2a_token_dispatcher"
+        ).MoEAlltoAllSEQTokenDispatcher
+    except ImportError:
+        return _megatron("transformer.moe.token_dispatcher").MoEAlltoAllTokenDispatcher
+
+
 def make_tp_extend_ep_moe_layer(base: type) -> type:
-    """moe_tp_extend_ep's replacement of ``MoELayer``: a subclass (MindSpeed's changes the
-    dispatcher and experts; its router is still ``TopKRouter``)."""
-    return type("MindSpeedAlltoAllSEQTptoEpMoELayer", (base,), {"__module__": __name__})
+    """moe_tp_extend_ep's replacement of ``MoELayer`` (``MindSpeedAlltoAllSEQTptoEpMoELayer``):
+    a subclass whose ``__init__`` is ``All2AllSeqTpExtendEpMoELayerImpl``'s, which never runs
+    Megatron's ``MoELayer.__init__`` (that one names the module's ``MoELayer``, the replacement
+    once patched): Megatron's base-layer set-up, Megatron's ``TopKRouter``, a ValueError without
+    ``moe_grouped_gemm``, then MindSpeed's grouped-matmul experts and alltoall_seq dispatcher,
+    for which Megatron's per-expert MLPs and dispatcher stand in on CPU. Over a stand-in
+    ``base`` (torch-only tests) it is a plain subclass."""
+    if not str(base.__module__).startswith("megatron."):
+        return type("MindSpeedAlltoAllSEQTptoEpMoELayer", (base,), {"__module__": __name__})
+    base_layer = _megatron("transformer.moe.moe_layer").BaseMoELayer
+
+    class MindSpeedAlltoAllSEQTptoEpMoELayer(base):  # type: ignore[misc]
+        def __init__(self, config: Any, submodules: Any = None, layer_number: Any = None) -> None:
+            self.submodules = submodules
+            base_layer.__init__(self, config=config, layer_number=layer_number)
+            self.moe_layer_recompute = bool(getattr(config, "moe_layer_recompute", False))
+            self.router = _megatron("transformer.moe.router").TopKRouter(config=self.config)
+            if not self.config.moe_grouped_gemm:
+                raise ValueError("use tp_extend_ep should open moe_grouped_gemm")
+            build = _megatron("transformer.spec_utils").build_module
+            self.experts = build(_sequential_experts(), self.num_local_experts, self.config)
+            self.token_dispatcher = _seq_dispatcher()(
+                self.num_local_experts, self.local_expert_indices, config=self.config
+            )
+            if getattr(self, "use_shared_expert", False):
+                self.shared_experts = build(self.submodules.shared_experts, config=self.config)
+
+    return MindSpeedAlltoAllSEQTptoEpMoELayer

@@ -15,7 +15,6 @@ patch rewrote on Megatron's classes, so one test's patch never reaches another.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import importlib
@@ -28,6 +27,7 @@ from torch import nn
 
 from rr_core import LayoutConfig, moe_pattern
 from rr_fakes.megatron._gpt import TinyGPTConfig, build_gpt_chunks
+from rr_fakes.megatron._nested import outermost_under_megatron_cpu
 from rr_fakes.megatron._shims import megatron_cpu
 from rr_fakes.verl._attention import use_thd_attention
 
@@ -69,50 +69,35 @@ def _replay_patch_targets() -> list[tuple[Any, str]]:
     return targets
 
 
-_depth = 0
-
-
-@contextlib.contextmanager
+@outermost_under_megatron_cpu
 def verl_cpu() -> Iterator[None]:
     """:func:`rr_fakes.megatron.megatron_cpu` with verl's engine module imported, and on exit
     Megatron's router, config and dispatcher classes as they were on entry (verl's router
     replay patch rewrites them for the whole process), verl's router registry emptied and
     Megatron's own one as it was.
     Nested entries share the outer one."""
-    global _depth
-    with megatron_cpu():
-        if _depth:
-            _depth += 1
-            try:
-                yield
-            finally:
-                _depth -= 1
-            return
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # verl warns about every engine it cannot load
-            importlib.import_module(ENGINE_MODULE)
-        saved = [
-            (owner, name, vars(owner).get(name, _MISSING))
-            for owner, name in _replay_patch_targets()
-        ]
-        # On megatron-core 0.19 verl turns on Megatron's own replay flag, so every router built
-        # under its patch first registers a native RouterReplay that verl then replaces.
-        native = _native_registry()
-        native_before = list(native) if native is not None else []
-        _depth += 1
-        try:
-            yield
-        finally:
-            _depth -= 1
-            for owner, name, original in reversed(saved):
-                if original is _MISSING:
-                    if name in vars(owner):
-                        delattr(owner, name)
-                else:
-                    setattr(owner, name, original)
-            _router_replay().router_instances.clear()
-            if native is not None:
-                native[:] = native_before
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # verl warns about every engine it cannot load
+        importlib.import_module(ENGINE_MODULE)
+    saved = [
+        (owner, name, vars(owner).get(name, _MISSING)) for owner, name in _replay_patch_targets()
+    ]
+    # On megatron-core 0.19 verl turns on Megatron's own replay flag, so every router built
+    # under its patch first registers a native RouterReplay that verl then replaces.
+    native = _native_registry()
+    native_before = list(native) if native is not None else []
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            if original is _MISSING:
+                if name in vars(owner):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        _router_replay().router_instances.clear()
+        if native is not None:
+            native[:] = native_before
 
 
 def _native_registry() -> list[Any] | None:
@@ -267,23 +252,24 @@ def verl_engine(
         mtp=configs.MtpConfig(),
         tokenizer=Tokenizer(pad_token_id),
     )
-    engine.optimizer_config = None
-    engine.checkpoint_config = None
     engine.tf_config = tf_config
     engine.module = chunks
-    engine.mode = None
-    engine.is_value_model = False
-    engine.share_embeddings_and_output_weights = False
-    engine._is_offload_param = False
-    engine._is_offload_optimizer = False
-    engine._qat_config = None
-    engine._qat_enabled = False
-    engine._hf_export_tasks = None
-    engine.weight_converter = None
+    for name, value in _ENGINE_STATE.items():
+        setattr(engine, name, value)
     engine.enable_routing_replay = mode != "disabled"
     if engine.enable_routing_replay:
         engine.mini_layer_topk_idx_list = []
     return engine
+
+
+#: The rest of the state verl's engine ``__init__`` sets, as an engine without an optimizer,
+#: checkpointing, offloading, quantisation or weight export has it.
+_ENGINE_STATE: dict[str, Any] = {
+    **dict.fromkeys(("optimizer_config", "checkpoint_config", "mode", "weight_converter")),
+    **dict.fromkeys(("_qat_config", "_hf_export_tasks")),
+    **dict.fromkeys(("is_value_model", "share_embeddings_and_output_weights"), False),
+    **dict.fromkeys(("_is_offload_param", "_is_offload_optimizer", "_qat_enabled"), False),
+}
 
 
 def _vocab_size(chunks: Sequence[nn.Module]) -> int:

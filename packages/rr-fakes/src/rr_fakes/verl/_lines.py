@@ -1,10 +1,10 @@
 """The verl release the verl harness drives, the megatron-core line it runs on and what its
-Megatron engine module imports, as ``rr_megatron_compat._supported`` holds them (the one home of
-these pins, which the noxfile reads by path)."""
+Megatron engine module imports, as :mod:`rr_fakes.pins` holds them (the one home of these pins,
+which the noxfile reads by path)."""
 
 from __future__ import annotations
 
-from rr_megatron_compat._supported import (
+from rr_fakes.pins import (
     VERL_IMPORT_DEPS,
     VERL_MEGATRON_LINE,
     VERL_RELEASE,

@@ -1,0 +1,200 @@
+"""The adapter protocol: how rr plugs into a framework (Megatron, MindSpeed, transformers, verl),
+one shape for all of them.
+
+An adapter is an object with five methods, the same argument order and return types in every
+package::
+
+    adapter.install(force=False) -> tuple[str, ...]   # what is hooked; idempotent
+    adapter.uninstall() -> int                        # how many patches were taken out
+    adapter.is_installed() -> bool
+    adapter.attach(controller, model, **options) -> Attachment
+    adapter.detach(controller) -> None
+
+:class:`Adapter` owns what every adapter needs the same way (the model is
+opentelemetry-python-contrib's instrumentor base, without its singleton): the dependency check
+before anything is patched, idempotency, the one lock (:data:`rr_core.patching.PATCH_LOCK`), the
+argument checks of ``attach`` / ``detach``, and the patch registry (:attr:`Adapter.patches`,
+whose policy toward foreign patches is in :mod:`rr_core.patching`). A subclass writes only
+``_install``, ``_attach`` and, where it has more to undo than its registry, ``_uninstall``.
+
+Each package exposes one instance and binds the five methods as its module functions
+(``rr_megatron_compat.install`` is ``rr_megatron_compat.ADAPTER.install``). :func:`adapters`
+lists the instances created in this process; :func:`leaked_patches` is the one leak check the
+test suites use.
+"""
+
+from __future__ import annotations
+
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+from torch import nn
+
+from rr_core.checks import check_flag, describe
+from rr_core.errors import ReplayError
+from rr_core.patching import PATCH_LOCK, Patches
+from rr_core.replay.controller import ReplayController
+
+__all__ = [
+    "Adapter",
+    "Attachment",
+    "ModuleFunctions",
+    "adapters",
+    "check_controller",
+    "check_model",
+    "leaked_patches",
+]
+
+_ADAPTERS: weakref.WeakValueDictionary[str, Adapter] = weakref.WeakValueDictionary()
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """What ``attach`` found and handed to the controller."""
+
+    adapter: str  # the adapter's name ("megatron", "mindspeed", "transformers", ...)
+    layer_numbers: tuple[int, ...]  # global, 1-based: one per attached router
+    num_experts: int
+    top_k: int
+
+
+def check_controller(value: object, where: str) -> ReplayController:
+    """``value`` if it is a :class:`~rr_core.ReplayController`, else :class:`ReplayError`."""
+    if not isinstance(value, ReplayController):
+        raise ReplayError(
+            f"{where} takes an rr_core.ReplayController as its controller; got "
+            f"{describe(value)}. Build one with rr_core.ReplayController(num_experts=E, top_k=K)"
+        )
+    return value
+
+
+def check_model(value: object, where: str) -> Any:
+    """An ``nn.Module`` or a non-empty sequence of them (virtual-pipeline chunks)."""
+    chunks = value if isinstance(value, Sequence) and not isinstance(value, str) else [value]
+    if not chunks or not all(isinstance(c, nn.Module) for c in chunks):
+        raise ReplayError(
+            f"{where} takes a torch.nn.Module or a list of model chunks (nn.Module each); got "
+            f"{describe(value)}"
+        )
+    return value
+
+
+class ModuleFunctions(NamedTuple):
+    """An adapter's protocol methods, bound (a package's ``install``, ``uninstall``, ...)."""
+
+    install: Callable[..., tuple[str, ...]]
+    uninstall: Callable[[], int]
+    is_installed: Callable[[], bool]
+    attach: Callable[..., Attachment]
+    detach: Callable[[ReplayController], None]
+
+
+class Adapter(ABC):
+    """Base of every rr adapter; see the module doc for the protocol."""
+
+    #: Short name, used in messages, in :class:`Attachment` and by :func:`adapters`.
+    name: ClassVar[str]
+    #: The public module whose functions are this adapter's methods (for messages).
+    module: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.patches = Patches()
+        _ADAPTERS[self.name] = self
+
+    # -- what a subclass writes ------------------------------------------------------------
+
+    def check_dependencies(self, *, force: bool) -> None:  # noqa: B027 (optional hook)
+        """Raise an rr error naming what is missing or unsupported, before anything is
+        patched; ``force`` allows a version outside the tested range."""
+
+    @abstractmethod
+    def _install(self, *, force: bool) -> tuple[str, ...]:
+        """Patch what is not patched yet (through :attr:`patches`); return every name hooked."""
+
+    def _uninstall(self) -> int:
+        return self.patches.restore()
+
+    def _is_installed(self) -> bool:
+        return self.patches.in_place()
+
+    @abstractmethod
+    def _attach(self, *args: Any, **kwargs: Any) -> Attachment:
+        """``_attach(controller, model, **options)``: check the model's routers against the
+        controller and attach them (options are the adapter's own keywords)."""
+
+    def _detach(self, controller: ReplayController) -> None:
+        controller.detach()
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def install(self, *, force: bool = False) -> tuple[str, ...]:
+        """Hook the framework; returns the names hooked. Safe to call again at any time: what
+        another library replaced since is wrapped again, what is rr's already is left."""
+        check_flag(force, f"{self.module}.install(force=...)", ReplayError)
+        with PATCH_LOCK:
+            self.check_dependencies(force=force)
+            return self._install(force=force)
+
+    def uninstall(self) -> int:
+        """Take rr's patches out (see :mod:`rr_core.patching` for a patch laid over rr's);
+        returns how many. Idempotent."""
+        with PATCH_LOCK:
+            return self._uninstall()
+
+    def is_installed(self) -> bool:
+        """Whether every hook is in place and rr's."""
+        with PATCH_LOCK:
+            return self._is_installed()
+
+    def attach(self, controller: ReplayController, model: Any, **options: Any) -> Attachment:
+        """Give ``controller`` the routers of ``model`` after checking they can be driven."""
+        check_controller(controller, f"{self.module}.attach")
+        check_model(model, f"{self.module}.attach")
+        return self._attach(controller, model, **options)
+
+    def detach(self, controller: ReplayController) -> None:
+        """Release the controller's routers (they route natively again)."""
+        check_controller(controller, f"{self.module}.detach")
+        self._detach(controller)
+
+    def module_functions(self) -> ModuleFunctions:
+        """The five protocol methods, bound, for a package to expose as its module functions:
+        ``install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()``."""
+        return ModuleFunctions(
+            self.install, self.uninstall, self.is_installed, self.attach, self.detach
+        )
+
+    def registries(self) -> tuple[Patches, ...]:
+        """Every registry this adapter patches through (:attr:`patches`, and any other a
+        subclass keeps for a separate concern)."""
+        return (self.patches,)
+
+    def live_patches(self) -> list[str]:
+        """``owner.attribute`` of every patch through which rr still acts."""
+        return [
+            f"{_owner_name(owner)}.{attribute}"
+            for registry in self.registries()
+            for owner, attribute in registry.live()
+        ]
+
+    def __repr__(self) -> str:
+        return f"<rr adapter {self.name!r} ({self.module})>"
+
+
+def adapters() -> dict[str, Adapter]:
+    """The adapters created in this process (their packages imported), by name."""
+    return dict(_ADAPTERS)
+
+
+def leaked_patches() -> dict[str, list[str]]:
+    """The patches each adapter still acts through, for adapters with any (a test that leaves
+    one behind changes what later tests in the same process observe)."""
+    found = {name: adapter.live_patches() for name, adapter in adapters().items()}
+    return {name: live for name, live in found.items() if live}
+
+
+def _owner_name(owner: Any) -> str:
+    return str(getattr(owner, "__qualname__", None) or getattr(owner, "__name__", owner))

@@ -1,0 +1,105 @@
+"""The step report: what a step recorded, how often the replayed sets agreed with the native
+ones, and the end-of-step check that every armed target was used (B2).
+
+Shapes: T tokens, L layer slots, K top-k.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from rr_core.errors import ReplayError, RRWarning
+from rr_core.replay.modes import ID_DTYPES, check_hashable
+from rr_core.replay.state import DEFAULT_MICROBATCH, ControllerState
+from rr_core.routes.batch import holds_ids
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What happened in a step: agreement per layer (share of replayed rows whose armed set
+    equals the native set; 1.0 everywhere suggests replay changed nothing) and the micro-batches."""
+
+    agreement: dict[int, float] = field(default_factory=dict)
+    replayed_microbatches: tuple[Hashable, ...] = ()
+    recorded_microbatches: tuple[Hashable, ...] = ()
+
+
+class StepReports(ControllerState):
+    """The controller's results: recorded ids, agreement, the step's end."""
+
+    def recorded(
+        self, microbatch: Hashable = DEFAULT_MICROBATCH, *, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """The ids recorded for one micro-batch as ``[T, L, K]`` on the attached routers'
+        layers (a ``moe_layers`` axis: ``layer_numbers`` names the slots); ``dtype`` narrows
+        them on the way, in one pass."""
+        check_hashable(microbatch)
+        if dtype is not None and (
+            not isinstance(dtype, torch.dtype)
+            or dtype not in ID_DTYPES
+            or not holds_ids(dtype, self.num_experts)
+        ):
+            raise ReplayError(
+                f"dtype must be an integer torch.dtype holding ids up to {self.num_experts - 1} "
+                f"(num_experts={self.num_experts}); got {dtype!r}, which would change the ids"
+            )
+        records = self._recorded.get(microbatch)
+        missing = (
+            list(self._layers)
+            if records is None
+            else [self._layers[i] for i, r in enumerate(records) if r is None]
+        )
+        if records is None or missing:
+            raise ReplayError(
+                f"micro-batch {microbatch!r} has no record for layers {missing}; were they in "
+                "RECORD mode when it ran forward?"
+            )
+        rows = [r for r in records if r is not None]
+        if dtype is None:
+            return torch.stack(rows, dim=1)
+        out = torch.empty(
+            (rows[0].shape[0], len(rows), self.top_k), dtype=dtype, device=rows[0].device
+        )
+        for i, ids_TK in enumerate(rows):
+            out[:, i].copy_(ids_TK)
+        return out
+
+    def agreement(self) -> dict[int, float]:
+        """Per layer, the share of replayed rows whose armed set equals the native set, this
+        step so far. Layers that replayed no row are absent."""
+        result = {}
+        for index, (hits, rows) in sorted(self._agreement.items()):
+            if rows:
+                result[self._layers[index]] = int(torch.stack(hits).sum()) / rows
+        return result
+
+    def end_step(self) -> StepReport:
+        """Finish a step: report, check that every armed target was used, and clear all
+        targets, records and counters (even when the check fails)."""
+        report = StepReport(
+            agreement=self.agreement(),
+            replayed_microbatches=tuple(self._armed),
+            recorded_microbatches=tuple(self._recorded),
+        )
+        unused = {
+            mb: [self._layers[i] for i, used in enumerate(a.consumed) if not used]
+            for mb, a in self._armed.items()
+        }
+        unused = {mb: layers for mb, layers in unused.items() if layers}
+        self._reset_step()
+        if unused:
+            message = f"armed targets were never used (micro-batch -> layers): {unused}"
+            if self.strict:
+                raise ReplayError(message + "; was the router in REPLAY mode, and did it run?")
+            warnings.warn(message, RRWarning, stacklevel=2)
+        return report
+
+    def _add_agreement(self, index: int, hits: torch.Tensor, rows: int) -> None:
+        # the hits stay on their device until the report: no host sync per router call
+        hits_list, total = self._agreement.get(index, ([], 0))
+        hits_list.append(hits)
+        self._agreement[index] = (hits_list, total + rows)

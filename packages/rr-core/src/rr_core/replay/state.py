@@ -1,0 +1,75 @@
+"""The state a :class:`~rr_core.replay.controller.ReplayController` keeps, shared by the
+modules that handle one concern each (arming, micro-batch scope, the step report).
+
+Shapes: T rows the router sees, R armed source rows, N rows outside the replay mask, L layer
+slots, K top-k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rr_core.errors import ReplayError
+from rr_core.replay.modes import ReplayMode
+
+#: The micro-batch a forward belongs to when no :meth:`ReplayController.microbatch` is open.
+DEFAULT_MICROBATCH = 0
+
+
+@dataclass
+class Armed:
+    """One micro-batch's targets, as armed."""
+
+    routes_TLK: torch.Tensor  # as armed: [R, L, K] source rows when rows_T is given
+    slot_of_router: tuple[int, ...]  # walk index -> slot on the routes' layer axis
+    mask_T: torch.Tensor | None
+    consumed: list[bool]
+    native_rows_N: torch.Tensor | None = None  # rows outside the mask (found once, at arming)
+    rows_T: torch.Tensor | None = None  # router row t replays source row rows_T[t]
+    replayed_rows: int = 0  # how many rows replay (counted once, at arming)
+
+    def target_TK(self, index: int) -> torch.Tensor:
+        """The ``[T, K]`` ids router ``index`` (walk order) replays, in its token order."""
+        slot_RK = self.routes_TLK[:, self.slot_of_router[index]]
+        if self.rows_T is None:
+            return slot_RK
+        # a [T, K] gather per router call instead of a [T, L, K] one per micro-batch at arming
+        return slot_RK.index_select(0, self.rows_T)
+
+
+class ControllerState:
+    """Attributes every concern of the controller reads; set by the controller's constructor."""
+
+    num_experts: int
+    top_k: int
+    strict: bool
+    _routers: list[nn.Module]
+    _layers: tuple[int, ...]
+    _index: dict[int, int]  # id(router) -> walk index
+    _modes: list[ReplayMode]
+    _attached: bool
+    _armed: dict[Hashable, Armed]
+    _recorded: dict[Hashable, list[torch.Tensor | None]]
+    _agreement: dict[int, tuple[list[torch.Tensor], int]]  # walk index -> (hits, rows)
+    _forward_mbs: set[Hashable]
+    _forward_mb: Hashable | None
+    _backward_mb: Hashable | None
+
+    def _check_attached(self, method: str) -> None:
+        if not self._attached:
+            raise ReplayError(
+                f"no model attached; call attach(model) before {method}() (a pipeline stage "
+                "without MoE layers attaches too, and then has zero routers)"
+            )
+
+    def _reset_step(self) -> None:
+        self._armed = {}
+        self._recorded = {}
+        self._agreement = {}
+        self._forward_mbs = set()
+        self._forward_mb = None
+        self._backward_mb = None

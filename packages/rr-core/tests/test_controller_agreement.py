@@ -1,0 +1,103 @@
+"""The step report's agreement: the threshold test on the router's own scores counts what a
+second native top-k counts, and where they may differ (a tie at the set's lowest score)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from rr_core import ReplayController, ReplayError, ReplayMode, router_topk
+from rr_core.replay.topk import is_topk_set_T
+
+
+class ScoreRouter(nn.Module):
+    """A router whose scores the test hands it."""
+
+    def __init__(self, layer_number: int) -> None:
+        super().__init__()
+        self.layer_number = layer_number
+
+    def forward(self, scores_TE: torch.Tensor, k: int) -> torch.Tensor:
+        return router_topk(self, scores_TE, k).ids_TK
+
+
+def replayed_agreement(
+    scores_TE: torch.Tensor,
+    targets_TK: torch.Tensor,
+    mask_T: torch.Tensor | None,
+    measure: Any,
+    rows_T: torch.Tensor | None = None,
+) -> dict[int, float]:
+    router = ScoreRouter(1)
+    k = targets_TK.shape[1]
+    ctrl = ReplayController(num_experts=scores_TE.shape[1], top_k=k, measure_agreement=measure)
+    try:
+        ctrl.attach(nn.ModuleList([router]))
+        ctrl.set_mode(ReplayMode.REPLAY)
+        routes = targets_TK[:, None].to(torch.uint8)
+        ctrl.arm(0, routes, layer_numbers=[1], replay_mask_T=mask_T, rows_T=rows_T)
+        router(scores_TE, k)
+        return ctrl.end_step().agreement
+    finally:
+        ctrl.detach()
+
+
+@settings(max_examples=60, deadline=None)
+@given(t=st.integers(1, 40), e=st.integers(2, 32), data=st.data())
+def test_the_threshold_test_counts_what_a_second_topk_counts(
+    t: int, e: int, data: st.DataObject
+) -> None:
+    k = data.draw(st.integers(1, e))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    scores = torch.softmax(torch.randn(t, e, generator=g) * 3, dim=-1)  # no ties (continuous)
+    native = scores.topk(k, dim=-1).indices
+    other = torch.rand(t, e, generator=g).topk(k, dim=-1).indices
+    keep_T1 = (torch.rand(t, generator=g) < 0.5)[:, None]
+    targets = torch.where(keep_T1, native.flip(-1), other)  # order within a set is no matter
+    mask = torch.rand(t, generator=g) < 0.8 if data.draw(st.booleans()) else None
+    replayed = torch.ones(t, dtype=torch.bool) if mask is None else mask
+    same_T = (targets.sort(-1).values == native.sort(-1).values).all(-1)
+    expected = int((same_T & replayed).sum()) / int(replayed.sum()) if replayed.any() else None
+    for measure in (True, "exact"):
+        agreement = replayed_agreement(scores, targets, mask, measure)
+        assert agreement == ({} if expected is None else {1: expected}), measure
+
+
+def test_a_tie_at_the_lowest_score_counts_as_agreeing() -> None:
+    scores = torch.tensor([[0.4, 0.3, 0.3, 0.0]])
+    assert is_topk_set_T(scores, torch.tensor([[0, 1]])).tolist() == [True]
+    assert is_topk_set_T(scores, torch.tensor([[2, 0]])).tolist() == [True]
+    assert is_topk_set_T(scores, torch.tensor([[1, 2]])).tolist() == [False]
+    assert is_topk_set_T(scores, torch.tensor([[0, 3]])).tolist() == [False]
+    # the second top-k picks one of the tied experts: only that one agrees there
+    picked = int(scores.topk(2).indices[0, 1])
+    unpicked = 3 - picked
+    assert replayed_agreement(scores, torch.tensor([[0, unpicked]]), None, True) == {1: 1.0}
+    assert replayed_agreement(scores, torch.tensor([[0, unpicked]]), None, "exact") == {1: 0.0}
+
+
+def test_no_agreement_is_measured_when_turned_off() -> None:
+    scores = torch.softmax(torch.randn(5, 8), dim=-1)
+    assert replayed_agreement(scores, scores.topk(2).indices, None, False) == {}
+
+
+def test_agreement_counts_rows_armed_through_a_row_index() -> None:
+    scores = torch.softmax(torch.randn(6, 8, generator=torch.Generator().manual_seed(4)), -1)
+    native = scores.topk(2).indices
+    source = torch.stack([native[0], native[3], (native[5] + 1) % 8])  # 3 source rows
+    rows = torch.tensor([0, 0, 0, 1, 0, 2])  # router rows 1, 2 and 4 are padding
+    mask = torch.tensor([True, False, False, True, False, True])
+    for measure in (True, "exact"):
+        # row 0 and row 3 replay their native set, row 5 another one
+        assert replayed_agreement(scores, source, mask, measure, rows) == {1: 2 / 3}
+
+
+@pytest.mark.parametrize("measure", ["yes", "threshold", 1, 0, None, 0.5])
+def test_measure_agreement_takes_only_its_values(measure: Any) -> None:
+    with pytest.raises(ReplayError, match="measure_agreement must be True"):
+        ReplayController(num_experts=8, top_k=2, measure_agreement=measure)

@@ -1,0 +1,196 @@
+"""verl's router-replay API, backed by rr.
+
+One line switches a verl installation, without editing verl::
+
+    import rr_megatron_compat.verl
+    rr_megatron_compat.verl.install()  # before or after verl's engine module is imported
+
+Or a verl checkout replaces its two imports::
+
+    from verl.utils.megatron.router_replay_patch import ...
+    from verl.utils.megatron.router_replay_utils import ...
+
+with ``from rr_megatron_compat.verl import ...``.
+
+Names, parameters and defaults are verl's (0.9). Behind them every model chunk is driven by an
+:class:`rr_core.ReplayController` attached by walking the chunk (never a process-global router
+list), targets are keyed by micro-batch (never a FIFO of pops), and whatever cannot be replayed
+exactly raises instead of routing natively. Importing this module imports neither megatron nor
+any verl code.
+
+The module's names are verl's two modules' names: what they define, and what they import
+that a test or a fix could replace (``mpu``, ``TopKRouter``, ``get_schedule_table``, the
+sequence-parallel collectives, the THD packing functions, ``device_name``, ...). rr's code looks
+each of those up here when it runs, so replacing one here changes what rr does. Megatron's
+objects among them load on first use. See the package README, "Migrating from verl", for the
+differences.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import types
+import warnings
+from enum import Enum
+from functools import wraps
+from typing import Any
+
+import torch
+
+from rr_megatron_compat.verl import _names, _packing
+from rr_megatron_compat.verl._helper import (
+    RouterReplayHelper,
+    iter_model_routers,
+    set_model_router_replay_action,
+)
+from rr_megatron_compat.verl._install import ADAPTER
+from rr_megatron_compat.verl._layers import (
+    get_current_rank_layer_info,
+    get_moe_num_layers_to_build,
+    get_num_layers_to_build,
+    is_moe_layer,
+    pp_gather,
+    reorder_and_merge_vpp_layers,
+)
+from rr_megatron_compat.verl._r3 import align_r3_router_replay_data, build_r3_replay_mask
+from rr_megatron_compat.verl._routes import (
+    merge_nested_router_maps,
+    merge_router_topk_indices,
+    set_router_replay_data,
+)
+from rr_megatron_compat.verl._views import RouterReplay, RouterReplayAction
+
+__all__ = [
+    "ADAPTER",
+    "RouterReplay",
+    "RouterReplayAction",
+    "RouterReplayHelper",
+    "align_r3_router_replay_data",
+    "apply_router_replay_patch",
+    "attach",
+    "build_r3_replay_mask",
+    "detach",
+    "get_current_rank_layer_info",
+    "get_moe_num_layers_to_build",
+    "get_num_layers_to_build",
+    "install",
+    "is_installed",
+    "is_moe_layer",
+    "iter_model_routers",
+    "merge_nested_router_maps",
+    "merge_router_topk_indices",
+    "pp_gather",
+    "remove_router_replay_patch",
+    "reorder_and_merge_vpp_layers",
+    "set_model_router_replay_action",
+    "set_router_replay_data",
+    "uninstall",
+]
+
+
+#: verl's names for Megatron objects, loaded on first use: (module, attribute).
+_MEGATRON = {
+    "mpu": ("megatron.core", "parallel_state"),
+    "TopKRouter": ("megatron.core.transformer.moe.router", "TopKRouter"),
+    "TransformerConfig": ("megatron.core.transformer.transformer_config", "TransformerConfig"),
+    "get_schedule_table": ("megatron.core.pipeline_parallel.schedules", "get_schedule_table"),
+    "is_vp_first_stage": ("megatron.core.pipeline_parallel.utils", "is_vp_first_stage"),
+    "is_vp_last_stage": ("megatron.core.pipeline_parallel.utils", "is_vp_last_stage"),
+    "MoEAlltoAllTokenDispatcher": (
+        "megatron.core.transformer.moe.token_dispatcher",
+        "MoEAlltoAllTokenDispatcher",
+    ),
+    "apply_router_token_dropping": (
+        "megatron.core.transformer.moe.moe_utils",
+        "apply_router_token_dropping",
+    ),
+    "compute_routing_scores_for_aux_loss": (
+        "megatron.core.transformer.moe.moe_utils",
+        "compute_routing_scores_for_aux_loss",
+    ),
+    "group_limited_topk": ("megatron.core.transformer.moe.moe_utils", "group_limited_topk"),
+}
+
+#: the adapter protocol (rr_core.adapters): install / uninstall / is_installed switch verl's
+#: two modules to rr and back; attach / detach are rr_megatron_compat's (verl's models are
+#: Megatron's)
+install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()
+
+# verl's helpers, rr's versions under verl's names (replaceable here: rr calls them from here)
+get_device_name = _names.get_device_name
+_context_parallel_layout = _names._context_parallel_layout
+gather_from_sequence_parallel_region = _names.gather_from_sequence_parallel_region
+scatter_to_sequence_parallel_region = _names.scatter_to_sequence_parallel_region
+get_transformer_layer_offset = _names.get_transformer_layer_offset
+preprocess_packed_seqs = _packing.preprocess_packed_seqs
+postprocess_packed_seqs = _packing.postprocess_packed_seqs
+preprocess_thd_engine = _packing.preprocess_thd_engine
+postprocess_thd_engine = _packing.postprocess_thd_engine
+patched_routing = _names.patched_routing
+_patched_topk_routing_with_score_function = _names._patched_topk_routing_with_score_function
+_get_aux_loss_coeff = _names._get_aux_loss_coeff
+_is_aux_loss_enabled = _names._is_aux_loss_enabled
+
+#: verl's module-level names beyond rr's API (verl's standard-library imports among them).
+VERL_MODULE_NAMES = (
+    *_MEGATRON,
+    "device_name",
+    "get_device_name",
+    "_context_parallel_layout",
+    "gather_from_sequence_parallel_region",
+    "scatter_to_sequence_parallel_region",
+    "get_transformer_layer_offset",
+    "preprocess_packed_seqs",
+    "postprocess_packed_seqs",
+    "preprocess_thd_engine",
+    "postprocess_thd_engine",
+    "patched_routing",
+    "_patched_topk_routing_with_score_function",
+    "_get_aux_loss_coeff",
+    "_is_aux_loss_enabled",
+    "inspect",
+    "types",
+    "warnings",
+    "Enum",
+    "wraps",
+    "torch",
+)
+_STDLIB = (inspect, types, warnings, Enum, wraps, torch)  # verl's modules import them
+
+
+def apply_router_replay_patch() -> None:
+    """Install rr's router hooks for the installed Megatron line, remember every ``TopKRouter``
+    built from now on whose config enables replay (``RouterReplay.router_instances``), and give
+    routers a ``router_replay`` on lines without a native one (idempotent). On 0.16+ build the
+    model from a config with ``moe_enable_routing_replay`` (verl's engine sets it, or
+    :func:`rr_megatron_compat.enable_replay`); rr adds no ``enable_routing_replay`` parameter
+    to ``TransformerConfig``."""
+    from rr_megatron_compat.verl._install import apply_router_patch
+
+    apply_router_patch()
+
+
+def remove_router_replay_patch() -> None:
+    """rr only: detach every model used through this module, forget the routers and remove
+    what :func:`apply_router_replay_patch` installed."""
+    from rr_megatron_compat.verl._install import remove_router_patch
+
+    remove_router_patch()
+
+
+def __getattr__(name: str) -> Any:
+    # Megatron's objects load on first use (importing this module imports no megatron);
+    # device_name is verl's module constant, read when asked (a test may set it here)
+    if name in _MEGATRON:
+        module, attribute = _MEGATRON[name]
+        try:
+            return getattr(importlib.import_module(module), attribute)
+        except ImportError as error:  # verl's module lacks it on this line too (it only warns)
+            raise AttributeError(
+                f"module {__name__!r} has no attribute {name!r}: this megatron-core has no "
+                f"{module}.{attribute} ({error})"
+            ) from error
+    if name == "device_name":
+        return get_device_name()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,178 @@
+"""What switches a verl installation to rr, and back: :data:`ADAPTER`, the verl drop-in's
+:class:`rr_core.adapters.Adapter` (``install`` / ``uninstall`` / ``is_installed`` / ``attach`` /
+``detach``, under :data:`rr_core.patching.PATCH_LOCK` like every adapter).
+
+Two layers, each a :class:`rr_core.patching.Patches` registry, restored only where rr's
+replacement is still in place (a foreign patch over it is never undone):
+
+- the router patch (``apply_router_replay_patch``): rr's Megatron hooks, every ``TopKRouter``
+  built from now on is remembered weakly when its config enables replay (verl's
+  ``RouterReplay.router_instances``), and a ``router_replay`` attribute on routers of lines
+  that have no native one (0.12 - 0.15; Megatron 0.16+ sets its own);
+- the module switch (``install``): every name verl's two router-replay modules define that rr
+  provides is replaced by rr's, in those modules and in every ``verl.*`` module that had already
+  imported it (verl's Megatron engine binds them at import), so verl's own code calls rr.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from typing import Any
+
+from rr_core import ReplayController, ReplayError
+from rr_core.adapters import Adapter, Attachment
+from rr_core.patching import PATCH_LOCK, Patches, RRWrapper
+from rr_megatron_compat.verl._chunk import release_all
+from rr_megatron_compat.verl._names import current
+from rr_megatron_compat.verl._views import register_router, replay_enabled, view_of
+
+#: verl's router-replay modules (verl 0.9.1).
+VERL_MODULES = (
+    "verl.utils.megatron.router_replay_patch",
+    "verl.utils.megatron.router_replay_utils",
+)
+
+
+_ROUTER_SWAPS = Patches()
+_OWN_MEGATRON_INSTALL: list[bool] = []
+_MISSING = object()
+
+
+class _RegisterBuilt(RRWrapper):
+    """``TopKRouter.__init__``, then remember the router (recognisable on uninstall; disabled
+    in place where another library wrapped over it)."""
+
+
+def _register_after_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
+    wrapped(*args, **kwargs)
+    register_router(instance)
+
+
+class _RouterReplayAttribute:
+    """``router.router_replay`` where Megatron sets none (0.12 - 0.15): the router's rr view
+    when its config enables replay (verl's rule), else None. An instance attribute (Megatron
+    0.16+ sets one in ``__init__``) takes precedence."""
+
+    def __get__(self, router: Any, owner: Any) -> Any:
+        if router is None:
+            return self
+        return view_of(router) if replay_enabled(getattr(router, "config", None)) else None
+
+
+def apply_router_patch() -> None:
+    """rr's Megatron hooks plus the router registry (idempotent)."""
+    from rr_megatron_compat._install import install, is_installed
+
+    with PATCH_LOCK:
+        if not is_installed():
+            install()
+            _OWN_MEGATRON_INSTALL.append(True)
+        if _ROUTER_SWAPS.in_place():
+            return
+        _ROUTER_SWAPS.restore()
+        router_cls = current("TopKRouter")
+        _ROUTER_SWAPS.wrap(router_cls, "__init__", _register_after_init, kind=_RegisterBuilt)
+        if "router_replay" not in vars(router_cls):
+            _ROUTER_SWAPS.set(router_cls, "router_replay", _RouterReplayAttribute())
+
+
+def remove_router_patch() -> int:
+    """Detach every model, drop the router registry, and uninstall rr's Megatron hooks if the
+    router patch installed them (idempotent). Returns how many patches it took out."""
+    from rr_megatron_compat._install import uninstall
+
+    with PATCH_LOCK:
+        release_all()
+        removed = _ROUTER_SWAPS.restore()
+        if _OWN_MEGATRON_INSTALL:
+            _OWN_MEGATRON_INSTALL.clear()
+            removed += uninstall()
+        return removed
+
+
+class VerlAdapter(Adapter):
+    """verl's two router-replay modules switched to rr's names, with rr's router patch (and
+    Megatron hooks) under them. :attr:`patches` holds the module switch; models are Megatron's,
+    so ``attach`` / ``detach`` are :data:`rr_megatron_compat.ADAPTER`'s."""
+
+    name = "verl"
+    module = "rr_megatron_compat.verl"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.originals: dict[str, Any] = {}  # verl's own object of each name rr replaced
+
+    def check_dependencies(self, *, force: bool) -> None:
+        if importlib.util.find_spec("verl") is None:
+            raise ReplayError(
+                "rr_megatron_compat.verl.install() switches verl's router-replay modules to rr, "
+                "and verl is not installed (pip install verl==0.9.1 --no-deps)"
+            )
+
+    def registries(self) -> tuple[Patches, ...]:
+        return (self.patches, _ROUTER_SWAPS)
+
+    def _install(self, *, force: bool) -> tuple[str, ...]:
+        """The router patch, then every name of verl's two router-replay modules that rr
+        provides, wherever verl imported it. Returns the qualified names replaced."""
+        import rr_megatron_compat.verl as ours
+
+        apply_router_patch()
+        if not self.patches.in_place():
+            self.patches.restore()
+            sources = [importlib.import_module(name) for name in VERL_MODULES]
+            self.originals.clear()
+            for module in sources:
+                for name in ours.__all__:
+                    value = vars(module).get(name, _MISSING)
+                    if value is not _MISSING and value is not getattr(ours, name):
+                        self.originals.setdefault(name, value)
+            for module in _verl_modules():
+                for name, original in self.originals.items():
+                    if vars(module).get(name, _MISSING) is original:
+                        self.patches.set(module, name, getattr(ours, name))
+        return tuple(f"{owner.__name__}.{attribute}" for owner, attribute in self.patches)
+
+    def _uninstall(self) -> int:
+        """verl's own names back (where rr's are still in place, also in verl modules imported
+        after install, which bound rr's names), then the router patch removed."""
+        import rr_megatron_compat.verl as ours
+
+        removed = self.patches.restore()
+        for module in _verl_modules() if self.originals else []:
+            for name, original in self.originals.items():
+                if vars(module).get(name, _MISSING) is getattr(ours, name):
+                    setattr(module, name, original)
+                    removed += 1
+        self.originals.clear()
+        return removed + remove_router_patch()
+
+    def _is_installed(self) -> bool:
+        """verl's names are rr's, and so are the router patch and the Megatron hooks under them."""
+        from rr_megatron_compat._install import is_installed
+
+        return self.patches.in_place() and _ROUTER_SWAPS.in_place() and is_installed()
+
+    def _attach(self, controller: ReplayController, model: Any, **options: Any) -> Attachment:
+        import rr_megatron_compat
+
+        found = rr_megatron_compat.attach(controller, model, **options)
+        return Attachment(self.name, found.layer_numbers, found.num_experts, found.top_k)
+
+    def _detach(self, controller: ReplayController) -> None:
+        import rr_megatron_compat
+
+        rr_megatron_compat.detach(controller)
+
+
+def _verl_modules() -> list[Any]:
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if module is not None and (name == "verl" or name.startswith("verl."))
+    ]
+
+
+ADAPTER = VerlAdapter()

@@ -1,0 +1,1 @@
+"""Multi-turn trajectories gathered turn by turn without re-sending prefix routes (G6)."""

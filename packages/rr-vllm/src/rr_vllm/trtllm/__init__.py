@@ -1,0 +1,1 @@
+"""TensorRT-LLM's Router Replay output (MoE layers only)."""
