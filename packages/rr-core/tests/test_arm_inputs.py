@@ -109,7 +109,9 @@ def test_a_stage_without_moe_layers_still_arms(controller: ReplayController) -> 
 
 def test_arm_batch_takes_only_a_route_batch(controller: ReplayController) -> None:
     controller.attach(TinyModel(num_layers=2))
-    with pytest.raises(ReplayError, match="arm_batch takes a RouteBatch; got Tensor"):
+    with pytest.raises(
+        ReplayError, match=r"arm_batch takes a RouteBatch; got a torch\.uint8 tensor"
+    ):
         controller.arm_batch(0, routes(3))  # type: ignore[arg-type]
 
 

@@ -101,7 +101,11 @@ def test_the_wrapper_keeps_the_signature_megatron_inspects() -> None:
 @pytest.mark.parametrize(
     ("controller", "func", "message"),
     [
-        (object(), user_forward_step, "takes a rr_core.ReplayController; got object"),
+        (
+            object(),
+            user_forward_step,
+            "takes an rr_core.ReplayController as its controller; got <object",
+        ),
         (ReplayController(num_experts=E, top_k=K), "step", "must be Megatron's forward step"),
     ],
 )

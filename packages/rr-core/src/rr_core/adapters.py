@@ -33,7 +33,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from torch import nn
 
-from rr_core.checks import check_flag, describe
+from rr_core.checks import check_flag, check_instance, describe
 from rr_core.errors import ReplayError
 from rr_core.patching import PATCH_LOCK, Patches
 from rr_core.replay.controller import ReplayController
@@ -63,12 +63,13 @@ class Attachment:
 
 def check_controller(value: object, where: str) -> ReplayController:
     """``value`` if it is a :class:`~rr_core.ReplayController`, else :class:`ReplayError`."""
-    if not isinstance(value, ReplayController):
-        raise ReplayError(
-            f"{where} takes an rr_core.ReplayController as its controller; got "
-            f"{describe(value)}. Build one with rr_core.ReplayController(num_experts=E, top_k=K)"
-        )
-    return value
+    return check_instance(
+        value,
+        ReplayController,
+        ReplayError,
+        f"{where} takes an rr_core.ReplayController as its controller",
+        ". Build one with rr_core.ReplayController(num_experts=E, top_k=K)",
+    )
 
 
 def check_model(value: object, where: str) -> Any:

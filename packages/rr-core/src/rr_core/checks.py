@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 
 from rr_core.errors import RRError
 
-__all__ = ["as_index", "check_choice", "check_flag", "check_tensor", "describe"]
+__all__ = [
+    "as_index", "check_choice", "check_flag", "check_instance", "check_tensor", "describe"
+]  # fmt: skip
+
+T = TypeVar("T")
 
 
 def describe(value: object) -> str:
@@ -72,3 +77,13 @@ def check_flag(value: object, what: str, error: type[RRError]) -> bool:
     if not isinstance(value, bool):
         raise error(f"{what} must be True or False; got {describe(value)}")
     return value
+
+
+def check_instance(
+    value: object, kind: type[T], error: type[RRError], takes: str, fix: str = ""
+) -> T:
+    """``value`` if it is a ``kind``; else ``error``: "<takes>; got <what came><fix>" (``takes``
+    names the caller and what it takes, ``fix`` how to get one)."""
+    if isinstance(value, kind):
+        return value
+    raise error(f"{takes}; got {describe(value)}{fix}")

@@ -27,7 +27,7 @@ from rr_core import (
     num_moe_layers,
     stage_moe_layer_numbers,
 )
-from rr_megatron_compat._checks import check_tensor
+from rr_megatron_compat._checks import check_instance, check_tensor
 from rr_megatron_compat._wire import (
     all_gather_exact,
     as_wire_bytes,
@@ -46,12 +46,10 @@ _DTYPE_CODES: tuple[torch.dtype, ...] = (
 
 
 def _check_cfg(cfg: object, where: str) -> LayoutConfig:
-    if not isinstance(cfg, LayoutConfig):
-        raise LayoutError(
-            f"{where} takes an rr_core.LayoutConfig (rr_megatron_compat.layout_config(tc) from a "
-            f"Megatron config); got {type(cfg).__name__}"
-        )
-    return cfg
+    how = "rr_megatron_compat.layout_config(tc) from a Megatron config"
+    return check_instance(
+        cfg, LayoutConfig, LayoutError, f"{where} takes an rr_core.LayoutConfig ({how})"
+    )
 
 
 def _check_block(value: object, what: str, ndim: int) -> torch.Tensor:

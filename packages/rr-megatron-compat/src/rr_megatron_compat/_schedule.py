@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 from rr_core import ReplayController, ReplayError
+from rr_megatron_compat._checks import check_controller
 
 StepFunc = TypeVar("StepFunc", bound=Callable[..., Any])
 
@@ -30,10 +31,7 @@ def replay_forward_step(
     micro-batch ``n``, or ``microbatches[n]`` when the targets were armed under other ids.
     Wrap it anew for every step (the count starts at 0). The wrapper keeps the function's
     signature (``functools.wraps``)."""
-    if not isinstance(controller, ReplayController):
-        raise ReplayError(
-            f"replay_forward_step takes a rr_core.ReplayController; got {type(controller).__name__}"
-        )
+    check_controller(controller, "replay_forward_step")
     if not callable(forward_step_func):
         raise ReplayError(
             "forward_step_func must be Megatron's forward step, called as (data_iterator, "

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 
 from rr_core import AlignmentError, pad_rows
-from rr_megatron_compat._checks import as_index, check_choice, check_tensor
+from rr_megatron_compat._checks import as_index, check_choice, check_instance, check_tensor
 from rr_megatron_compat._wire import all_gather_exact, group_rank_size, megatron_group
 
 CPLayout = Literal["zigzag", "contiguous"]
@@ -243,11 +243,9 @@ class PackedRoutes:
 
 
 def _packed(value: object, where: str) -> PackedRoutes:
-    if not isinstance(value, PackedRoutes):
-        raise AlignmentError(
-            f"{where} takes the PackedRoutes thd_pack returns; got {type(value).__name__}"
-        )
-    return value
+    return check_instance(
+        value, PackedRoutes, AlignmentError, f"{where} takes the PackedRoutes thd_pack returns"
+    )
 
 
 def thd_pack(

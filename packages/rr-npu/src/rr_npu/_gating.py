@@ -18,7 +18,8 @@ import sys
 import weakref
 from typing import Any
 
-from rr_core import ReplayController, ReplayError, ReplayMode, RRError
+from rr_core import ReplayController, ReplayMode, RRError
+from rr_core.adapters import check_controller
 from rr_core.patching import PATCH_LOCK, Patches, RRWrapper, active_rr_wrapper
 
 FUSED_GATING_OPS = ("npu_moe_gating_top_k",)
@@ -36,11 +37,7 @@ _WATCHED: weakref.WeakSet[ReplayController] = weakref.WeakSet()
 
 def watch(controller: ReplayController) -> None:
     """Make the guard refuse fused gating while ``controller`` records or replays."""
-    if not isinstance(controller, ReplayController):
-        raise ReplayError(
-            "rr_npu.watch takes an rr_core.ReplayController; got "
-            f"{controller!r} ({type(controller).__name__})"
-        )
+    check_controller(controller, "rr_npu.watch")
     with PATCH_LOCK:
         _WATCHED.add(controller)
 

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from rr_core.checks import check_instance
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.samples import SampleRoutes
 
 
 def _name(sample: object, role: str) -> SampleRoutes:
-    if not isinstance(sample, SampleRoutes):
-        raise EngineOutputError(
-            f"merge_split_routes: the {role} replica's routes must be a SampleRoutes (decode "
-            f"its answer first); got {type(sample).__name__}"
-        )
-    return sample
+    takes = f"merge_split_routes: the {role} replica's routes must be a SampleRoutes"
+    return check_instance(sample, SampleRoutes, EngineOutputError, takes + " (decode it first)")
 
 
 def merge_split_routes(prefill: SampleRoutes, decode: SampleRoutes) -> SampleRoutes:

@@ -9,6 +9,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
+from rr_core.checks import check_instance
 from rr_core.errors import ReplayError
 from rr_core.replay.modes import check_hashable, check_routes, layer_numbers_of
 from rr_core.replay.state import Armed, ControllerState
@@ -102,11 +103,13 @@ class Arming(ControllerState):
         """Arm a validated :class:`RouteBatch` whose sequences, concatenated, are the tokens the
         routers see (packed/THD order); rows without a route go to the native router."""
         self._check_attached("arm_batch")
-        if not isinstance(batch, RouteBatch):
-            raise ReplayError(
-                f"micro-batch {microbatch!r}: arm_batch takes a RouteBatch; got "
-                f"{type(batch).__name__} (use arm() for a [T, L, K] tensor)"
-            )
+        check_instance(
+            batch,
+            RouteBatch,
+            ReplayError,
+            f"micro-batch {microbatch!r}: arm_batch takes a RouteBatch",
+            " (use arm() for a [T, L, K] tensor)",
+        )
         meta = batch.meta
         if (meta.num_experts, meta.top_k) != (self.num_experts, self.top_k):
             raise ReplayError(

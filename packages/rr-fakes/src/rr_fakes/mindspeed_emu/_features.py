@@ -286,6 +286,16 @@ def parser_for(manager: type[FeaturesManager]) -> ArgumentParser:
     return parser
 
 
+def _for_each_feature(method: str) -> Any:
+    """A manager classmethod that calls ``method`` of every listed feature with its argument."""
+
+    def call(cls: Any, arg: Any) -> None:
+        for feature in cls.FEATURES_LIST:
+            getattr(feature, method)(arg)
+
+    return classmethod(call)
+
+
 class FeaturesManager:
     """``MindSpeedFeaturesManager`` (``features_manager/features_manager.py``, every line): class
     methods over the class-level ``FEATURES_LIST``, which ``set_features_list`` fills in place
@@ -303,37 +313,24 @@ class FeaturesManager:
 
     @classmethod
     def apply_features_pre_patches(cls, mindspeed_args: Namespace) -> None:
-        for feature in cls.FEATURES_LIST:
-            if feature.is_need_apply(mindspeed_args):
-                feature.pre_register_patches(cls.patch_manager, mindspeed_args)
-        cls.patch_manager.apply_patches()
+        cls._register_needed("pre_register_patches", mindspeed_args)
 
     @classmethod
     def apply_features_patches(cls, mindspeed_args: Namespace) -> None:
+        cls._register_needed("register_patches", mindspeed_args)
+
+    @classmethod
+    def _register_needed(cls, method: str, mindspeed_args: Namespace) -> None:
+        """Each feature that applies to these arguments registers its patches; then apply."""
         for feature in cls.FEATURES_LIST:
             if feature.is_need_apply(mindspeed_args):
-                feature.register_patches(cls.patch_manager, mindspeed_args)
+                getattr(feature, method)(cls.patch_manager, mindspeed_args)
         cls.patch_manager.apply_patches()
 
-    @classmethod
-    def register_features_args(cls, parser: ArgumentParser) -> None:
-        for feature in cls.FEATURES_LIST:
-            feature.register_args(parser)
-
-    @classmethod
-    def pre_validate_features_args(cls, args: Any) -> None:
-        for feature in cls.FEATURES_LIST:
-            feature.pre_validate_args(args)
-
-    @classmethod
-    def post_validate_features_args(cls, args: Any) -> None:
-        for feature in cls.FEATURES_LIST:
-            feature.post_validate_args(args)
-
-    @classmethod
-    def validate_features_args(cls, args: Any) -> None:
-        for feature in cls.FEATURES_LIST:
-            feature.validate_args(args)
+    register_features_args = _for_each_feature("register_args")
+    pre_validate_features_args = _for_each_feature("pre_validate_args")
+    post_validate_features_args = _for_each_feature("post_validate_args")
+    validate_features_args = _for_each_feature("validate_args")
 
     @classmethod
     def remove_patches(cls) -> None:

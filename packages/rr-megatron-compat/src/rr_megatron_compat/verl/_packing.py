@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from rr_core import AlignmentError
+from rr_megatron_compat._checks import check_instance
 from rr_megatron_compat._guards import ReplayConfigError
 from rr_megatron_compat._tokens import sp_alignment, thd_cp_index
 from rr_megatron_compat._wire import all_gather_exact
@@ -113,11 +114,12 @@ def _pack(
 
 def _unpack(rows: torch.Tensor, params: PackedRows) -> torch.Tensor:
     """The valid rows of every sequence, concatenated (CP parts gathered first)."""
-    if not isinstance(params, PackedRows):
-        raise AlignmentError(
-            "rr's postprocess takes the PackedRows its preprocess returned; got "
-            f"{type(params).__name__}"
-        )
+    check_instance(
+        params,
+        PackedRows,
+        AlignmentError,
+        "rr's postprocess takes the PackedRows its preprocess returned",
+    )
     if params.cp_size > 1:
         group = params.cp_group
         if group is None:
