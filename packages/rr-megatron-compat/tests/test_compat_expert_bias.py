@@ -1,4 +1,5 @@
-"""G1 / C4: expert-bias token counts under replay with a replay mask, and with Megatron's own
+"""G1 / C4: expert-bias token counts under replay with a replay mask (C4: rows not replayed
+leave the counts when asked, compiled or not), and with Megatron's own
 ``padding_mask`` on the lines whose routing takes one (0.16+), for T == E and T != E tokens.
 
 Megatron 0.16 - 0.19.2 combine the routing map ``[T, E]`` with ``~padding_mask`` ``[T]``
@@ -13,13 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import torch
 
 import rr_megatron_compat as rmc
-from compat_megatron_steps import E, K, build, map_of, random_targets, routers
+from compat_megatron_steps import E, K, build, inputs, map_of, random_targets, routers, step
 from rr_core import ReplayController, ReplayMode
 from rr_fakes.megatron import gpt_inputs, route_log
 from rr_megatron_compat import _stats
@@ -44,6 +47,22 @@ def _padding_BS(mask_T: torch.Tensor, batch: int) -> torch.Tensor:
     """Megatron's ``padding_mask`` ([B, S] as input_ids, True on padding) for router rows
     ``mask_T`` (row ``s * B + b``)."""
     return (~mask_T).view(-1, batch).t().contiguous()
+
+
+@contextmanager
+def biased_replay(ignore: bool) -> Iterator[tuple[Any, ReplayController]]:
+    """A sigmoid router model with expert bias, attached and in REPLAY, every router's
+    ``local_tokens_per_expert`` zeroed; detached on exit."""
+    model = build(score_function="sigmoid", expert_bias=True)
+    controller = ReplayController(num_experts=E, top_k=K)
+    rmc.attach(controller, model, ignore_unreplayed_in_stats=ignore)
+    try:
+        for _, router in routers(model):
+            router.local_tokens_per_expert.zero_()
+        controller.set_mode(ReplayMode.REPLAY)
+        yield model, controller
+    finally:
+        controller.detach()
 
 
 def _forward_backward(
@@ -107,17 +126,11 @@ def test_G1_C4_expert_bias_counts_are_exact_with_replay_and_padding_masks(
     count: the replayed rows where either mask applies, every row otherwise."""
     batch, seq = SHAPES[shape]
     rows = batch * seq
-    model = build(score_function="sigmoid", expert_bias=True)
-    controller = ReplayController(num_experts=E, top_k=K)
-    rmc.attach(controller, model, ignore_unreplayed_in_stats=ignore)
-    try:
-        for _, router in routers(model):
-            router.local_tokens_per_expert.zero_()
+    with biased_replay(ignore) as (model, controller):
         mask_T = _mask_T(rows)
         data = gpt_inputs(batch, seq, 64)
         if _flags().padding_mask:
             data["padding_mask"] = _padding_BS(mask_T, batch)
-        controller.set_mode(ReplayMode.REPLAY)
         targets = random_targets(rows, len(controller.layer_numbers), seed=3)
         controller.arm(0, targets, layer_numbers=controller.layer_numbers, replay_mask_T=mask_T)
         with route_log(model) as log:
@@ -129,8 +142,6 @@ def test_G1_C4_expert_bias_counts_are_exact_with_replay_and_padding_masks(
             assert torch.equal(map_TE[mask_T], map_of(targets[mask_T, slot].long()))  # replayed
             want_E = map_TE[counted_T].sum(dim=0).float()
             assert torch.equal(router.local_tokens_per_expert, want_E), (layer, shape)
-    finally:
-        controller.detach()
 
 
 def test_G1_workaround_follows_the_version_flag(
@@ -158,3 +169,42 @@ def test_G1_workaround_follows_the_version_flag(
             )
     else:  # a line with Megatron's fix: its own update is right
         test_G1_C4_expert_bias_counts_are_exact_with_replay_and_padding_masks(None, "T!=E", True)
+
+
+def expert_bias_counts(ignore: bool) -> list[int]:
+    """Each router's local_tokens_per_expert after one step replaying 10 of 16 rows."""
+    with biased_replay(ignore) as (model, controller):
+        mask = torch.zeros(16, dtype=torch.bool)
+        mask[:10] = True
+        controller.arm(
+            0, random_targets(16, 4), layer_numbers=controller.layer_numbers, replay_mask_T=mask
+        )
+        step(model, inputs(1), controller)
+        controller.end_step()
+        return [int(r.local_tokens_per_expert.sum()) for _, r in routers(model)]
+
+
+@pytest.mark.parametrize("ignore", [False, True])
+def test_C4_expert_bias_counts_skip_rows_that_were_not_replayed(
+    megatron: None, ignore: bool
+) -> None:
+    assert expert_bias_counts(ignore) == [(10 if ignore else 16) * K] * 4
+
+
+def test_C4_counts_hold_where_megatron_compiles_its_expert_bias_update(megatron: None) -> None:
+    """Megatron compiles ``_apply_expert_bias`` (its jit_fuser) where torch has torch.compile;
+    the CPU harness runs it eagerly unless asked, so this test asks."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    from rr_fakes.megatron import megatron_compiled
+
+    update = getattr(TopKRouter, "_apply_expert_bias", None)
+    if update is None or not hasattr(update, "_torchdynamo_orig_callable"):
+        pytest.skip("this megatron-core line does not compile its expert-bias update")
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # a compiled frame cached by an earlier test would hide this one's
+    frames = counters["frames"]["ok"]
+    with megatron_compiled():
+        assert expert_bias_counts(True) == [10 * K] * 4
+    assert counters["frames"]["ok"] > frames  # dynamo compiled Megatron's update

@@ -1,15 +1,15 @@
-"""C1 - C4 with real megatron-core, and the replay flag on config instances."""
+"""C1 - C3 with real megatron-core, and the replay flag on config instances (C4, the expert-bias
+counts: test_compat_expert_bias.py)."""
 
 from __future__ import annotations
 
 import importlib.metadata
 
 import pytest
-import torch
 from packaging.version import Version
 
 import rr_megatron_compat as rmc
-from compat_megatron_steps import E, K, build, capture_maps, inputs, random_targets, routers, step
+from compat_megatron_steps import E, K, build, capture_maps, inputs, random_targets, step
 from rr_core import ReplayController, ReplayError, ReplayMode
 from rr_fakes.megatron import TinyGPTConfig, build_gpt, transformer_config
 
@@ -133,50 +133,3 @@ def test_C3_capacity_factor_warns_or_refuses(megatron: None, policy: str) -> Non
             rmc.check_replay_config(config, capacity=policy)
     else:
         rmc.check_replay_config(config, capacity=policy)
-
-
-def expert_bias_counts(ignore: bool) -> list[int]:
-    """Each router's local_tokens_per_expert after one step replaying 10 of 16 rows."""
-    model = build(score_function="sigmoid", expert_bias=True)
-    controller = ReplayController(num_experts=E, top_k=K)
-    rmc.attach(controller, model, ignore_unreplayed_in_stats=ignore)
-    try:
-        for _, router in routers(model):
-            router.local_tokens_per_expert.zero_()
-        mask = torch.zeros(16, dtype=torch.bool)
-        mask[:10] = True
-        controller.set_mode(ReplayMode.REPLAY)
-        controller.arm(
-            0, random_targets(16, 4), layer_numbers=controller.layer_numbers, replay_mask_T=mask
-        )
-        step(model, inputs(1), controller)
-        controller.end_step()
-        return [int(r.local_tokens_per_expert.sum()) for _, r in routers(model)]
-    finally:
-        controller.detach()
-
-
-@pytest.mark.parametrize("ignore", [False, True])
-def test_C4_expert_bias_counts_skip_rows_that_were_not_replayed(
-    megatron: None, ignore: bool
-) -> None:
-    assert expert_bias_counts(ignore) == [(10 if ignore else 16) * K] * 4
-
-
-def test_C4_counts_hold_where_megatron_compiles_its_expert_bias_update(megatron: None) -> None:
-    """Megatron compiles ``_apply_expert_bias`` (its jit_fuser) where torch has torch.compile;
-    the CPU harness runs it eagerly unless asked, so this test asks."""
-    from megatron.core.transformer.moe.router import TopKRouter
-
-    from rr_fakes.megatron import megatron_compiled
-
-    update = getattr(TopKRouter, "_apply_expert_bias", None)
-    if update is None or not hasattr(update, "_torchdynamo_orig_callable"):
-        pytest.skip("this megatron-core line does not compile its expert-bias update")
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()  # a compiled frame cached by an earlier test would hide this one's
-    frames = counters["frames"]["ok"]
-    with megatron_compiled():
-        assert expert_bias_counts(True) == [10 * K] * 4
-    assert counters["frames"]["ok"] > frames  # dynamo compiled Megatron's update

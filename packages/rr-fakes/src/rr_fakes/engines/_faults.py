@@ -89,6 +89,15 @@ def overwrite_layer0(routes_NLK: IntArray, faults: Faults, num_experts: int | No
     return out
 
 
+def faulted_rows(
+    routes_NLK: IntArray, faults: Faults, start: int, num_experts: int | None
+) -> IntArray:
+    """The rows from ``start`` on as a faulty engine returns them: E1 / E2 ids, the rows an
+    abort leaves, E6's draft ids in slot 0."""
+    rows = cut_rows(corrupt_ids(routes_NLK, faults)[start:], faults)
+    return overwrite_layer0(rows, faults, num_experts)
+
+
 def finish(routes_NLK: IntArray, dtype: np.dtype[np.integer], faults: Faults) -> IntArray:
     """Cast to the era's dtype (E4 wraps into 8 bits) and apply ``read_only``."""
     if faults.uint8_overflow:

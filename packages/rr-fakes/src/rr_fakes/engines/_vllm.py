@@ -34,6 +34,7 @@ from rr_fakes.engines._faults import (
     IntArray,
     corrupt_ids,
     cut_rows,
+    faulted_rows,
     finish,
     overwrite_layer0,
 )
@@ -135,10 +136,10 @@ def vllm_request_output(
             "store; raise max_bytes"
         )
     start = max(prompt_start, cached_prefix) if omit_cached_prefix else prompt_start
-    rows = corrupt_ids(routes, faults)[start:]
     dtype = era_dtype(era, num_experts)
     extra: dict[str, Any] = {}
     if era is VllmEra.V0_21:
+        rows = corrupt_ids(routes, faults)[start:]
         slots = [n - 1 for n in moe_layer_numbers] if moe_layer_numbers else range(rows.shape[1])
         rows = rows[:, list(slots)]
         rows[:cached_prefix] = -1
@@ -148,7 +149,7 @@ def vllm_request_output(
         routed = None if gone else finish(rows[p:], dtype, faults)
         extra["prompt_routed_experts"] = prompt_part
     else:
-        rows = overwrite_layer0(cut_rows(rows, faults), faults, num_experts)
+        rows = faulted_rows(routes, faults, start, num_experts)
         routed = None if faults.missing else finish(rows, dtype, faults)
     completion_cls, request_cls = output_classes(use_real_vllm)
     completion = construct(

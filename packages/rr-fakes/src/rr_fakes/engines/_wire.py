@@ -25,15 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rr_fakes.engines._faults import (
-    NO_FAULTS,
-    Faults,
-    IntArray,
-    corrupt_ids,
-    cut_rows,
-    finish,
-    overwrite_layer0,
-)
+from rr_fakes.engines._faults import NO_FAULTS, Faults, IntArray, faulted_rows, finish
 from rr_fakes.engines._vllm import as_routes
 
 
@@ -203,8 +195,7 @@ def sglang_response(
     if start_len < 0:
         raise ValueError(f"routed_experts_start_len={start_len} < 0")
     first = start_len if honoured else 0
-    rows = cut_rows(corrupt_ids(routes, faults)[first:], faults)
-    rows = overwrite_layer0(rows, faults, num_experts)
+    rows = faulted_rows(routes, faults, first, num_experts)
     reason: dict[str, Any] = {"type": "abort" if faults.aborted else finish_reason}
     if start_len > p and honoured:
         reason = {
