@@ -31,24 +31,7 @@ if REASON is None:
 pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 if REASON is None:
-    from rr_fakes.verl import (
-        BATCHINGS,
-        LENGTHS,
-        PROMPTS,
-        RESPONSES,
-        build_verl_chunks,
-        moe_column,
-        perturb,
-        rollout_routes,
-        route_log,
-        routed_as,
-        routers,
-        run_step,
-        tiny_config,
-        verl_batch,
-        verl_cpu,
-        verl_engine,
-    )
+    import rr_fakes.verl as vh
 
 
 @contextmanager
@@ -58,15 +41,15 @@ def engine_for(
     """verl's engine over a tiny model built from a fixed seed, under rr's names (``rr``) or
     verl's own; ``extra_build`` builds the model twice first and keeps the first alive (the
     orphan routers a rebuilt decoder leaves behind, A1)."""
-    with verl_cpu(), model_parallel():
+    with vh.verl_cpu(), model_parallel():
         if rr:
             rv.install()
         try:
-            cfg = tiny_config(recompute=recompute, freq=freq)
-            orphan = build_verl_chunks(cfg, mode=mode) if extra_build else None
+            cfg = vh.tiny_config(recompute=recompute, freq=freq)
+            orphan = vh.build_verl_chunks(cfg, mode=mode) if extra_build else None
             torch.manual_seed(0)
-            chunks = build_verl_chunks(cfg, mode=mode)
-            yield verl_engine(chunks, mode=mode), cfg, orphan
+            chunks = vh.build_verl_chunks(cfg, mode=mode)
+            yield vh.verl_engine(chunks, mode=mode), cfg, orphan
         finally:
             if rr:
                 rv.uninstall()
@@ -81,30 +64,32 @@ def run_r2(
         _orphan,
     ):
         chunks = engine.module
-        layers = [r.layer_number for r in routers(chunks)]
+        layers = [r.layer_number for r in vh.routers(chunks)]
 
         def batch(**kw: Any) -> Any:
-            return verl_batch(PROMPTS, RESPONSES, cfg.vocab_size, **BATCHINGS[kind], **kw)
+            return vh.verl_batch(
+                vh.PROMPTS, vh.RESPONSES, cfg.vocab_size, **vh.BATCHINGS[kind], **kw
+            )
 
-        with route_log(chunks) as native:
-            record = run_step(engine, batch(enable_routing_replay=True), forward_only=True)
+        with vh.route_log(chunks) as native:
+            record = vh.run_step(engine, batch(enable_routing_replay=True), forward_only=True)
         routes = record["model_output"]["routed_experts"]
-        perturb(chunks)
-        with route_log(chunks) as replay:
-            out = run_step(
+        vh.perturb(chunks)
+        with vh.route_log(chunks) as replay:
+            out = vh.run_step(
                 engine, batch(routed_experts=routes, enable_routing_replay=True), forward_only=False
             )
         result: dict[str, Any] = {
             "routes": routes,
             "log_probs": out["model_output"]["log_probs"].values().detach(),
-            "grads": torch.cat([r.weight.grad.flatten() for r in routers(chunks)]),
+            "grads": torch.cat([r.weight.grad.flatten() for r in vh.routers(chunks)]),
             "layers": layers,
             "instances": len(rv.RouterReplay.router_instances) if rr else None,
         }
         passes = [(False, native), (False, replay)] + ([(True, replay)] if recompute else [])
         for layer in layers:
             for rec, log in passes:
-                assert routed_as(
+                assert vh.routed_as(
                     log, routes, engine.tf_config, layer, recompute=rec, reordered=kind == "dynamic"
                 ), f"layer {layer}, recompute={rec}"
         return result
@@ -142,32 +127,32 @@ def test_R2_with_a_model_built_twice_replays_the_forwarded_routers() -> None:
 def run_r3(kind: str, recompute: bool, freq: Any, all_layers: bool, *, rr: bool) -> dict[str, Any]:
     with engine_for("R3", rr=rr, recompute=recompute, freq=freq) as (engine, cfg, _):
         chunks = engine.module
-        layers = [r.layer_number for r in routers(chunks)]
+        layers = [r.layer_number for r in vh.routers(chunks)]
         columns = cfg.num_layers if all_layers else len(layers)
-        routes = rollout_routes(LENGTHS, columns, cfg)
-        data = verl_batch(
-            PROMPTS,
-            RESPONSES,
+        routes = vh.rollout_routes(vh.LENGTHS, columns, cfg)
+        data = vh.verl_batch(
+            vh.PROMPTS,
+            vh.RESPONSES,
             cfg.vocab_size,
-            **BATCHINGS[kind],
+            **vh.BATCHINGS[kind],
             routed_experts=routes,
             enable_routing_replay=True,
         )
-        perturb(chunks)
-        with route_log(chunks) as log:
-            out = run_step(engine, data, forward_only=False)
-        ends = torch.tensor(LENGTHS).cumsum(0)
+        vh.perturb(chunks)
+        with vh.route_log(chunks) as log:
+            out = vh.run_step(engine, data, forward_only=False)
+        ends = torch.tensor(vh.LENGTHS).cumsum(0)
         keep = torch.ones(int(ends[-1]), dtype=torch.bool)
         keep[ends - 1] = False  # the rollout never routed the last sampled token
         for layer in layers:
-            column = moe_column(engine.tf_config, layer, columns)
+            column = vh.moe_column(engine.tf_config, layer, columns)
             target = torch.cat([r[:, column, :].long() for r in routes]).sort(-1).values
             for rec in [False, True] if recompute else [False]:
                 used = log.rows(layer, recompute=rec).sort(-1).values
                 assert torch.equal(used[keep], target), f"layer {layer}, recompute={rec}"
         return {
             "log_probs": out["model_output"]["log_probs"].values().detach(),
-            "grads": torch.cat([r.weight.grad.flatten() for r in routers(chunks)]),
+            "grads": torch.cat([r.weight.grad.flatten() for r in vh.routers(chunks)]),
         }
 
 
@@ -190,15 +175,15 @@ def test_R3_through_verls_engine_is_exact_and_equals_verls_own_replay(
 
 
 def duplicated_routes(cfg: Any) -> list[torch.Tensor]:
-    routes = rollout_routes(LENGTHS, cfg.num_layers, cfg)
+    routes = vh.rollout_routes(vh.LENGTHS, cfg.num_layers, cfg)
     routes[1][2, 1, 1] = routes[1][2, 1, 0]  # one row of layer 2 names an expert twice
     return routes
 
 
 def duplicate_batch(cfg: Any) -> Any:
-    return verl_batch(
-        PROMPTS,
-        RESPONSES,
+    return vh.verl_batch(
+        vh.PROMPTS,
+        vh.RESPONSES,
         cfg.vocab_size,
         micro_batch_size=1,
         routed_experts=duplicated_routes(cfg),
@@ -208,7 +193,7 @@ def duplicate_batch(cfg: Any) -> Any:
 
 def test_R3_duplicate_ids_verl_dispatches_a_token_to_fewer_experts_silently() -> None:
     with engine_for("R3", rr=False, recompute=True, freq=1) as (engine, cfg, _):
-        layer2 = next(r for r in routers(engine.module) if r.layer_number == 2)
+        layer2 = next(r for r in vh.routers(engine.module) if r.layer_number == 2)
         experts_per_token: list[int] = []
 
         def count(module: Any, args: Any, out: Any) -> None:
@@ -216,7 +201,7 @@ def test_R3_duplicate_ids_verl_dispatches_a_token_to_fewer_experts_silently() ->
 
         handle = layer2.register_forward_hook(count)
         try:
-            run_step(engine, duplicate_batch(cfg), forward_only=False)  # no error, no warning
+            vh.run_step(engine, duplicate_batch(cfg), forward_only=False)  # no error, no warning
         finally:
             handle.remove()
         assert min(experts_per_token) == cfg.top_k - 1
@@ -225,14 +210,14 @@ def test_R3_duplicate_ids_verl_dispatches_a_token_to_fewer_experts_silently() ->
 def test_R3_duplicate_ids_rr_raises_naming_the_layer_and_row() -> None:
     with engine_for("R3", rr=True, recompute=True, freq=1) as (engine, cfg, _):
         with pytest.raises(ReplayError, match=r"layer 2, row 2: .* a repeated expert id"):
-            run_step(engine, duplicate_batch(cfg), forward_only=False)
+            vh.run_step(engine, duplicate_batch(cfg), forward_only=False)
         rv.RouterReplay.clear_global_indices()
         rv.RouterReplay.clear_global_router_replay_action()
 
 
 def test_install_makes_verls_engine_module_use_rr() -> None:
     impl = importlib.import_module("verl.workers.engine.megatron.transformer_impl")
-    with verl_cpu():
+    with vh.verl_cpu():
         rv.install()
         try:
             assert impl.set_router_replay_data is rv.set_router_replay_data

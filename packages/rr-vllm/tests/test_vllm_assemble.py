@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rr_core import AlignmentError, RouteBatch, RouteMeta, RouteValidationError
-from rr_fakes.engines import Faults, VllmEra, vllm_http_response, vllm_request_output
+from rr_fakes.engines import Faults, VllmEra, vllm_http_response
 from rr_vllm import (
     EngineOutputError,
     SampleRoutes,
@@ -29,7 +29,7 @@ from rr_vllm import (
     truncate_sample,
     validate_samples,
 )
-from vllm_testing import META, distinct_routes
+from vllm_testing import META, distinct_routes, fake_vllm_output
 
 L, K = 4, 2
 
@@ -39,16 +39,7 @@ def routes(rows: int, seed: int = 0, meta: RouteMeta = META) -> np.ndarray:
 
 
 def request(era: VllmEra, prompt: int, generated: int, rows: np.ndarray, **kw: Any) -> Any:
-    return vllm_request_output(
-        era,
-        prompt_ids=list(range(prompt)),
-        generated_ids=list(range(1000, 1000 + generated)),
-        routes_TLK=rows,
-        num_experts=META.num_experts,
-        moe_layer_numbers=META.moe_layer_numbers,
-        use_real_vllm=False,
-        **kw,
-    )
+    return fake_vllm_output(era, META, rows, prompt, generated, **kw)
 
 
 def decode_one(out: Any, **kw: Any) -> SampleRoutes:

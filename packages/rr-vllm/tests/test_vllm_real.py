@@ -16,7 +16,7 @@ import pytest
 outputs = pytest.importorskip("vllm.outputs", reason="vllm is not installed")
 vllm = importlib.import_module("vllm")
 
-from rr_fakes.engines import VllmEra, vllm_http_response, vllm_request_output  # noqa: E402
+from rr_fakes.engines import VllmEra, vllm_http_response  # noqa: E402
 from rr_vllm import (  # noqa: E402
     ModelGeometry,
     RouteStoreEvictedError,
@@ -30,7 +30,7 @@ from rr_vllm import (  # noqa: E402
     vllm_flags,
     vllm_sampling_fields,
 )
-from vllm_testing import META, distinct_routes  # noqa: E402
+from vllm_testing import META, distinct_routes, fake_vllm_output  # noqa: E402
 
 P, G = 5, 4
 
@@ -40,16 +40,7 @@ def routes(rows: int = P + G - 1, seed: int = 0) -> np.ndarray:
 
 
 def build(era: VllmEra, rows: np.ndarray, **kw: Any) -> Any:
-    return vllm_request_output(
-        era,
-        prompt_ids=list(range(P)),
-        generated_ids=list(range(100, 100 + G)),
-        routes_TLK=rows,
-        num_experts=META.num_experts,
-        moe_layer_numbers=META.moe_layer_numbers,
-        use_real_vllm=True,
-        **kw,
-    )
+    return fake_vllm_output(era, META, rows, P, G, use_real_vllm=True, **kw)
 
 
 def test_installed_version_matches_without_import() -> None:

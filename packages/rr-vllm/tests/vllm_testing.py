@@ -37,10 +37,17 @@ def distinct_routes(meta: RouteMeta, rows: int, seed: int = 0) -> np.ndarray:
 
 
 def fake_vllm_output(
-    era: VllmEra, meta: RouteMeta, routes_TLK: np.ndarray, p: int, g: int, **kw: Any
+    era: VllmEra,
+    meta: RouteMeta,
+    routes_TLK: np.ndarray,
+    p: int,
+    g: int,
+    use_real_vllm: bool = False,
+    **kw: Any,
 ) -> Any:
-    """The fake's (never vLLM's own) ``RequestOutput`` of ``era``: prompt ids ``100..100+p``,
-    generated ids ``200..200+g``, routed as ``routes_TLK`` over ``meta``'s layers."""
+    """The fake's ``RequestOutput`` of ``era`` (in vLLM's own classes with ``use_real_vllm``):
+    prompt ids ``100..100+p``, generated ids ``200..200+g``, routed as ``routes_TLK`` over
+    ``meta``'s layers."""
     return vllm_request_output(
         era,
         prompt_ids=list(range(100, 100 + p)),
@@ -48,7 +55,7 @@ def fake_vllm_output(
         routes_TLK=routes_TLK,
         num_experts=meta.num_experts,
         moe_layer_numbers=meta.moe_layer_numbers,
-        use_real_vllm=False,
+        use_real_vllm=use_real_vllm,
         **kw,
     )
 
