@@ -5,15 +5,17 @@ Each raises the error class the caller names, with what was expected and what ca
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from rr_core.errors import RRError
 
 __all__ = [
-    "as_index", "check_choice", "check_flag", "check_instance", "check_tensor", "describe"
+    "as_index", "check_choice", "check_flag", "check_instance", "check_sequence", "check_tensor",
+    "describe",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -87,3 +89,26 @@ def check_instance(
     if isinstance(value, kind):
         return value
     raise error(f"{takes}; got {describe(value)}{fix}")
+
+
+def check_sequence(
+    value: object,
+    what: str,
+    error: type[RRError],
+    of: type | tuple[type, ...] | None = None,
+) -> list[Any]:
+    """``value``'s items as a list when it is a sequence (a list, a tuple), each an ``of`` when
+    given. A string, bytes, a mapping, a tensor or an array is not taken for one: read item by
+    item each would give something else than the caller meant."""
+    if isinstance(value, str | bytes | Mapping | torch.Tensor | np.ndarray) or not isinstance(
+        value, Sequence
+    ):
+        raise error(f"{what} must be a list; got {describe(value)}")
+    items = list(value)
+    if of is not None:
+        kinds = of if isinstance(of, tuple) else (of,)
+        for i, item in enumerate(items):
+            if not isinstance(item, kinds):
+                names = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+                raise error(f"{what}[{i}] must be a {names}; got {describe(item)}")
+    return items

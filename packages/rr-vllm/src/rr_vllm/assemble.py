@@ -21,13 +21,16 @@ import torch
 
 from rr_core import AlignmentError, RouteBatch, narrowest_dtype
 from rr_core.buffers import zeros
+from rr_core.checks import check_sequence
+from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import integer, integers
-from rr_vllm.samples import SampleRoutes
+from rr_vllm.samples import SampleRoutes, check_sample, check_samples
 
 
 def truncate_sample(sample: SampleRoutes, num_tokens: int) -> SampleRoutes:
     """The first ``num_tokens`` rows (views, nothing copied), for tokens cut after generation
     (D7): a client-side stop string, or a response cut to the trainer's length."""
+    sample = check_sample(sample, "truncate_sample's sample", AlignmentError)
     t, n = sample.routes_TLK.shape[0], integer(num_tokens, "num_tokens", error=AlignmentError)
     if not sample.num_prompt_tokens <= n <= t:
         raise AlignmentError(
@@ -40,7 +43,7 @@ def truncate_sample(sample: SampleRoutes, num_tokens: int) -> SampleRoutes:
 
 def truncate_response(sample: SampleRoutes, response_length: int) -> SampleRoutes:
     """Cut the response to at most ``response_length`` tokens, its routes with it (D7)."""
-    t = sample.routes_TLK.shape[0]
+    t = check_sample(sample, "truncate_response's sample", AlignmentError).routes_TLK.shape[0]
     n = integer(response_length, "response_length", error=AlignmentError)
     return truncate_sample(sample, min(t, sample.num_prompt_tokens + n))
 
@@ -51,7 +54,7 @@ def assemble_multi_turn(
     """A multi-turn trajectory of ``num_tokens`` tokens whose first ``num_prompt_tokens`` are
     the original prompt: the last turn's routes cover the whole context up to its last
     generation; tokens appended after it (tool output) are invalid rows (D2)."""
-    t = last_turn.routes_TLK.shape[0]
+    t = check_sample(last_turn, "last_turn", AlignmentError).routes_TLK.shape[0]
     n = integer(num_tokens, "num_tokens", error=AlignmentError)
     p = integer(num_prompt_tokens, "num_prompt_tokens", error=AlignmentError)
     if n < t or not 0 <= p <= last_turn.num_prompt_tokens:
@@ -77,6 +80,8 @@ def assemble_resumed(
     its rows; each later one only its last ``new_tokens[k]`` rows (positions ``context - 1``
     onwards); attempts without tokens or routes (None, or all rows invalid) are skipped, so the
     rows of their tokens stay invalid (D2, D4)."""
+    attempts = check_samples(attempts, "attempts", AlignmentError)
+    new_tokens = check_sequence(new_tokens, "new_tokens", AlignmentError)
     if len(attempts) != len(new_tokens) or not attempts:
         raise AlignmentError(
             f"need one token count per attempt; got {len(attempts)} attempts, "
@@ -112,7 +117,7 @@ def assemble_resumed(
         a0,
         routes_TLK=routes,
         valid_T=valid,
-        num_prompt_tokens=num_prompt_tokens,
+        num_prompt_tokens=p,
         finish_reason=found[-1][1].finish_reason,
     )
 
@@ -121,7 +126,8 @@ def flatten_completions(
     per_request: Sequence[Sequence[SampleRoutes | None]],
 ) -> list[SampleRoutes | None]:
     """n > 1: the completions of every request, request-major (the order of the token batch)."""
-    return [s for completions in per_request for s in completions]
+    requests = check_sequence(per_request, "per_request", EngineOutputError)
+    return [s for i, c in enumerate(requests) for s in check_samples(c, f"per_request[{i}]")]
 
 
 class TrainerLayout(NamedTuple):

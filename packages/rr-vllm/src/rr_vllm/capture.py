@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rr_core import RouteMeta
+from rr_core.checks import check_flag, check_instance
 from rr_vllm.errors import CaptureError
 from rr_vllm.fields import integer
 
@@ -36,12 +37,14 @@ class ModelGeometry:
     hybrid_attention: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("num_hidden_layers", "num_experts", "top_k"):
-            integer(getattr(self, name), f"ModelGeometry.{name}", error=CaptureError)
+        for name in ("num_hidden_layers", "num_experts", "top_k"):  # numpy / torch scalars too
+            n = integer(getattr(self, name), f"ModelGeometry.{name}", error=CaptureError)
+            object.__setattr__(self, name, n)
         if min(self.num_hidden_layers, self.num_experts, self.top_k) < 1:
             raise CaptureError(f"layers, experts and top_k must be >= 1; got {self}")
         if self.top_k > self.num_experts:
             raise CaptureError(f"top_k={self.top_k} exceeds num_experts={self.num_experts}")
+        check_flag(self.hybrid_attention, "ModelGeometry.hybrid_attention", CaptureError)
 
     @property
     def route_bytes_per_token(self) -> int:
@@ -80,6 +83,14 @@ class ModelGeometry:
         )
 
 
+def check_geometry(value: object, where: str) -> ModelGeometry:
+    """``value`` if it is a :class:`ModelGeometry`, else :class:`~rr_vllm.CaptureError`."""
+    how = "ModelGeometry.from_hf_config(config)"
+    return check_instance(
+        value, ModelGeometry, CaptureError, f"{where} takes a ModelGeometry ({how})"
+    )
+
+
 def max_new_tokens(
     num_prompt_tokens: int,
     *,
@@ -93,12 +104,15 @@ def max_new_tokens(
     a ``continuation`` (later turn or resumed attempt, whose context holds earlier responses)
     may be longer, but must leave room for one token of the response budget."""
     p = integer(num_prompt_tokens, "num_prompt_tokens", error=CaptureError)
-    for name, value in (
-        ("prompt_length", prompt_length),
-        ("response_length", response_length),
-        ("max_model_len", max_model_len),
-    ):
-        integer(value, name, error=CaptureError)
+    prompt_length, response_length, max_model_len = (
+        integer(value, name, error=CaptureError, minimum=None)
+        for name, value in (
+            ("prompt_length", prompt_length),
+            ("response_length", response_length),
+            ("max_model_len", max_model_len),
+        )
+    )
+    check_flag(continuation, "continuation", CaptureError)
     if min(prompt_length, response_length, max_model_len) < 1 or p < 0:
         raise CaptureError(
             f"need prompt_length, response_length, max_model_len >= 1 and P >= 0; got "

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rr_core.checks import check_choice, check_flag, check_instance
 from rr_vllm.errors import CaptureError
 
 Engine = Literal["vllm", "sglang"]
@@ -85,25 +86,16 @@ class EngineConfig:
     routing_precision: str | None = None
 
     def __post_init__(self) -> None:
-        if self.engine not in ("vllm", "sglang"):
-            raise CaptureError(
-                f"EngineConfig.engine must be 'vllm' or 'sglang'; got {self.engine!r}"
-            )
-        if self.disaggregation not in ("none", "prefill", "decode"):
-            raise CaptureError(
-                "EngineConfig.disaggregation must be 'none', 'prefill' or 'decode'; got "
-                f"{self.disaggregation!r}"
-            )
+        check_choice(self.engine, "EngineConfig.engine", ("vllm", "sglang"), CaptureError)
+        choices = ("none", "prefill", "decode")
+        check_choice(self.disaggregation, "EngineConfig.disaggregation", choices, CaptureError)
         for name in ("version", "speculative", "routing_precision"):
             _typed(getattr(self, name), str, f"EngineConfig.{name}")
         for name in ("speculative_topk", "speculative_tokens", "chunked_prefill_size"):
             _typed(getattr(self, name), int, f"EngineConfig.{name}")
         for name in ("hierarchical_cache", "prefix_caching"):
             _typed(getattr(self, name), bool, f"EngineConfig.{name}")
-        if not isinstance(self.prompt_rows_merged, bool):
-            raise CaptureError(
-                f"EngineConfig.prompt_rows_merged must be a bool; got {self.prompt_rows_merged!r}"
-            )
+        check_flag(self.prompt_rows_merged, "EngineConfig.prompt_rows_merged", CaptureError)
 
     @property
     def speculative_mode(self) -> str:
@@ -214,6 +206,8 @@ def check_engine_config(config: EngineConfig) -> None:
     off (E9). vLLM 0.32+ drops the rows of rejected draft tokens (its aux-output connector),
     and no vLLM release is known to corrupt them, so vLLM's speculative mode is recorded, not
     refused."""
+    takes = "check_engine_config takes an EngineConfig (vllm_engine_config, sglang_engine_config)"
+    config = check_instance(config, EngineConfig, CaptureError, takes)
     if config.engine != "sglang":
         return
     from rr_vllm.sglang.versions import sglang_flags

@@ -30,7 +30,8 @@ from typing import Any, NamedTuple, Unpack
 import numpy as np
 import numpy.typing as npt
 
-from rr_core import RouteMeta
+from rr_core import RouteMeta, RRError
+from rr_core.checks import check_instance, check_sequence
 from rr_core.routes.rows import check_route_rows
 from rr_vllm.engine_config import check_split_rows
 from rr_vllm.errors import EngineOutputError
@@ -60,6 +61,22 @@ class SampleRoutes:
     @property
     def aborted(self) -> bool:
         return is_aborted(self.finish_reason)
+
+
+def check_sample(
+    value: object, what: str, error: type[RRError] = EngineOutputError
+) -> SampleRoutes:
+    """``value`` if it is a :class:`SampleRoutes` (what every decoder returns), else ``error``."""
+    return check_instance(
+        value, SampleRoutes, error, f"{what} must be a SampleRoutes (decode first)"
+    )
+
+
+def check_samples(
+    value: object, what: str, error: type[RRError] = EngineOutputError
+) -> list[SampleRoutes | None]:
+    """A list of :class:`SampleRoutes` or None (a dropped aborted request), else ``error``."""
+    return check_sequence(value, what, error, of=(SampleRoutes, type(None)))
 
 
 class Sample(NamedTuple):

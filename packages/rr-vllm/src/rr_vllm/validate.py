@@ -115,9 +115,11 @@ def batch_samples(
     validate: bool = True,
 ) -> RouteBatch:
     """:func:`validate_samples`; ``validate=False`` skips rr_core's id checks (not E2)."""
+    from rr_vllm.samples import check_samples  # rr_vllm.samples imports this module
+
     check_all_layers(meta)
     present: list[SampleRoutes] = []
-    for i, s in enumerate(samples):
+    for i, s in enumerate(check_samples(samples, "samples")):
         if s is None:
             raise EngineOutputError(
                 f"sample {i} is None (an aborted request decoded with on_abort='drop'); remove "

@@ -129,6 +129,10 @@ def _unzstd(compressed: bytes, limit: int) -> bytes:
 
 def read_r3v1_header(raw: bytes) -> R3v1Header:
     """The checked header of decompressed R3/v1 bytes; the body length must match it exactly."""
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        raise EngineOutputError(
+            f"read_r3v1_header takes the decompressed envelope's bytes; got {type(raw).__name__}"
+        )
     if len(raw) < HEADER.size:
         raise EngineOutputError(
             f"R3/v1 payload has {len(raw)} bytes after decompression, fewer than the "

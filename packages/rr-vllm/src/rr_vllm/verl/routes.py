@@ -43,6 +43,7 @@ from rr_core import (
     encode_routes,
 )
 from rr_core.buffers import zeros
+from rr_core.checks import check_flag, check_instance, check_sequence
 from rr_core.codecs.encoding import (
     check_codec,
     pack_valid,
@@ -51,7 +52,7 @@ from rr_core.codecs.encoding import (
 from rr_vllm.assemble import to_trainer_layout, truncate_response
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import integers
-from rr_vllm.samples import SampleRoutes
+from rr_vllm.samples import SampleRoutes, check_samples
 from rr_vllm.validate import check_all_layers, validate_samples
 
 #: The dtype of verl's ``routed_experts`` tensor.
@@ -72,6 +73,8 @@ class VerlRoutes:
     num_prompt_tokens: tuple[int, ...]
 
     def __post_init__(self) -> None:
+        takes = "VerlRoutes.encoded must be the EncodedRoutes encode_routes returns"
+        check_instance(self.encoded, EncodedRoutes, CodecError, takes)
         for name in ("payload", "valid_bits"):  # bytes, whatever the codec: they travel by Ray
             field = getattr(self.encoded, name)
             if not isinstance(field, torch.Tensor) or field.dtype != torch.uint8:
@@ -143,6 +146,7 @@ def pack_for_verl(
     in range, K distinct ids, empty dense slots, no all-zero capture (E1), physical ids (E2);
     each raises an rr error naming sample, row and layer.
     """
+    samples = check_samples(samples, "pack_for_verl's samples")
     if response_length is not None:
         samples = [None if s is None else truncate_response(s, response_length) for s in samples]
     batch = validate_samples(
@@ -167,8 +171,10 @@ def pack_batch_for_verl(
     """An all-layers :class:`~rr_core.RouteBatch` (such as :func:`~rr_vllm.decode_vllm_batch`
     returns) and each sample's P as :class:`VerlRoutes`. ``validate=False`` skips rr_core's
     id checks for a batch that was validated when it was built (``decode_vllm_batch``'s is)."""
+    takes = "pack_batch_for_verl takes a RouteBatch (decode_vllm_batch returns one)"
+    check_instance(batch, RouteBatch, EngineOutputError, takes)
     check_all_layers(batch.meta)
-    if validate:
+    if check_flag(validate, "validate", EngineOutputError):
         batch.validate(allow_all_zero=allow_all_zero)
     prompts = integers(num_prompt_tokens, "num_prompt_tokens", error=AlignmentError)
     return _wrap(batch, prompts, codec)
@@ -190,9 +196,10 @@ def concat_verl_routes(parts: Sequence[VerlRoutes]) -> VerlRoutes:
     valid rows x MoE slots is: every sample of a model with a multiple of 8 MoE layers);
     otherwise the parts are decoded and encoded again.
     """
+    parts = check_sequence(parts, "concat_verl_routes' parts", CodecError, of=VerlRoutes)
     if not parts:
         raise AlignmentError("concat_verl_routes needs at least one part")
-    first = parts[0]
+    first: VerlRoutes = parts[0]
     for i, p in enumerate(parts[1:], start=1):
         if p.meta != first.meta or p.codec != first.codec:
             raise CodecError(
@@ -225,10 +232,16 @@ def concat_verl_routes(parts: Sequence[VerlRoutes]) -> VerlRoutes:
     return VerlRoutes(encoded=encode_routes(joined, first.codec), num_prompt_tokens=prompts)
 
 
+def _verl_routes(value: object, where: str) -> VerlRoutes:
+    takes = f"{where} takes the VerlRoutes pack_for_verl returns"
+    return check_instance(value, VerlRoutes, EngineOutputError, takes)
+
+
 def unreplayable_rows(routes: VerlRoutes) -> list[tuple[int, list[int]]]:
     """``(sample, token rows)`` that verl's R3 replay mask (every row of a sample with response
     tokens, but its last) would replay although they carry no route, so verl would force expert
     0, K times, on them."""
+    routes = _verl_routes(routes, "unreplayable_rows")
     valid_N = unpack_valid(routes.encoded.valid_bits, routes.num_tokens)
     out: list[tuple[int, list[int]]] = []
     offsets = routes.encoded.offsets_B1.tolist()
@@ -269,7 +282,8 @@ def to_verl_nested(
     Only the compact payload moves to ``device``; the int16 ids are expanded there.
     ``strict``: see :func:`check_verl_replayable`.
     """
-    if strict:
+    routes = _verl_routes(routes, "to_verl_nested")
+    if check_flag(strict, "strict", EngineOutputError):
         check_verl_replayable(routes)
     encoded, meta = routes.encoded, routes.meta
     dev = encoded.payload.device if device is None else torch.device(device)
@@ -290,7 +304,8 @@ def to_verl_padded(
     ``AgentLoopWorker._postprocess`` stores under ``batch["routed_experts"]``: sample b's rows
     from position ``prompt_length - P_b`` on, zeros elsewhere. Responses longer than
     ``response_length`` raise (pack with ``response_length`` to cut them as verl does)."""
-    if strict:
+    routes = _verl_routes(routes, "to_verl_padded")
+    if check_flag(strict, "strict", EngineOutputError):
         check_verl_replayable(routes)
     batch = decode_routes(routes.encoded, device=device)
     return to_trainer_layout(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rr_vllm.capture import ModelGeometry, max_new_tokens
+from rr_vllm.capture import ModelGeometry, check_geometry, max_new_tokens
 from rr_vllm.engine_config import EngineConfig, check_engine_config
 from rr_vllm.errors import CaptureError
 from rr_vllm.fields import integer
@@ -42,6 +42,7 @@ def vllm_engine_args(
     :func:`~rr_vllm.check_engine_config`; its ``prefix_caching`` stands in for
     ``enable_prefix_caching`` when that is not given.
     """
+    geometry = check_geometry(geometry, "vllm_engine_args")
     flags = resolve_flags(vllm_version)
     if engine_config is not None:
         check_engine_config(engine_config)

@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rr_core.checks import describe
+from rr_vllm.capture import ModelGeometry, check_geometry
 from rr_vllm.errors import CaptureError, EngineOutputError, RouteStoreEvictedError
 from rr_vllm.fields import integer
-
-if TYPE_CHECKING:
-    from rr_vllm.capture import ModelGeometry
 
 _MARKERS = ("BlockObjectStoreError", "auxiliary output object does not exist")
 
@@ -26,6 +25,7 @@ def routes_store_max_bytes(
 ) -> int:
     """Bytes the store needs for ``num_tokens`` cached token rows (``L * K`` ids of 1 or 2 bytes
     each), times ``headroom``."""
+    geometry = check_geometry(geometry, "routes_store_max_bytes")
     n = integer(num_tokens, "num_tokens", error=CaptureError, minimum=1)
     if not isinstance(headroom, int | float) or isinstance(headroom, bool) or not headroom >= 1:
         raise CaptureError(f"need num_tokens >= 1 and headroom >= 1; got {n}, {headroom}")
@@ -45,6 +45,10 @@ def _fix(geometry: ModelGeometry | None, max_cached_tokens: int | None) -> str:
 
 def is_store_eviction(error: BaseException | str) -> bool:
     """Does this exception (or error message) come from the 0.32+ aux-output store?"""
+    if not isinstance(error, BaseException | str):
+        raise EngineOutputError(
+            f"is_store_eviction takes an exception or its message; got {describe(error)}"
+        )
     if isinstance(error, BaseException):
         if any(type(e).__name__ == "BlockObjectStoreError" for e in _chain(error)):
             return True
@@ -81,6 +85,10 @@ def explain_store_errors(
 ) -> Iterator[None]:
     """Re-raise vLLM's ``BlockObjectStoreError`` (around ``llm.generate`` or an output loop) as
     :class:`RouteStoreEvictedError` with the ``max_bytes`` fix; other errors pass unchanged."""
+    if geometry is not None:
+        check_geometry(geometry, "explain_store_errors")
+    if max_cached_tokens is not None:
+        integer(max_cached_tokens, "max_cached_tokens", error=CaptureError, minimum=1)
     try:
         yield
     except Exception as e:

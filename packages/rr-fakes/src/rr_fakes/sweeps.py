@@ -1,0 +1,86 @@
+"""What the property sweeps of every package share (hypothesis): one settings profile, the junk
+that public arguments must refuse, arrays and tensors of any dtype and shape, and calls of a
+public function with every parameter drawn from them (``junk_calls``), for the entry points
+whose whole invariant on such input is "a result or an RRError, never another exception"."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+__all__ = ["ANYTHING", "JUNK", "SWEEP", "arrays", "junk_calls", "tensors"]
+
+SWEEP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+#: Values of the wrong kind for almost any parameter: none of them is a tensor, a sequence of
+#: routes, an rr object or a well-formed engine answer.
+JUNK = st.sampled_from(
+    [None, -1, 1.5, float("nan"), "x", "", b"\xff\xfe", [], [1, "a"], {}, object(), True, 2**70]
+)
+
+
+@st.composite
+def arrays(draw: st.DrawFn, *, max_dims: int = 4) -> np.ndarray:
+    """A numpy array of an id-like, float or bool dtype and any shape (empty sides included)."""
+    dtype = draw(st.sampled_from([np.uint8, np.int16, np.int64, np.float32, np.bool_]))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=6))
+    if dtype is np.bool_:
+        return draw(hnp.arrays(dtype, shape))
+    if dtype is np.float32:
+        return draw(hnp.arrays(dtype, shape, elements=st.floats(-1, 9, width=32)))
+    return draw(hnp.arrays(dtype, shape, elements=st.integers(0, 7)))
+
+
+def tensors(*, max_dims: int = 4) -> st.SearchStrategy[torch.Tensor]:
+    """:func:`arrays` as torch tensors."""
+    return arrays(max_dims=max_dims).map(torch.from_numpy)
+
+
+#: Anything a caller might pass by mistake: junk, numbers, texts, bytes that are not UTF-8,
+#: arrays and tensors, lists, and mappings with the keys engine answers use.
+ANYTHING: st.SearchStrategy[Any] = st.one_of(
+    JUNK,
+    st.integers(-3, 300),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    arrays(),
+    tensors(),
+    st.lists(st.integers(-1, 9), max_size=4),
+    st.lists(JUNK, max_size=3),
+    st.dictionaries(
+        st.sampled_from(["routed_experts", "meta_info", "token_ids", "choices", "id", "text"]),
+        JUNK,
+        max_size=3,
+    ),
+)
+
+_DEFAULT = object()  # leave the parameter to its default
+
+
+def junk_calls(
+    fn: Callable[..., Any], **valid: st.SearchStrategy[Any]
+) -> st.SearchStrategy[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """``(args, kwargs)`` for ``fn``: each parameter drawn from ``valid[name]`` (default
+    :data:`ANYTHING`); a parameter with a default is sometimes left out; positional-only ones
+    are passed by position."""
+    positional: list[st.SearchStrategy[Any]] = []
+    keywords: dict[str, st.SearchStrategy[Any]] = {}
+    for name, p in inspect.signature(fn).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        drawn = valid.get(name, ANYTHING)
+        if p.kind is p.POSITIONAL_ONLY:
+            positional.append(drawn)
+        else:
+            keywords[name] = drawn if p.default is p.empty else st.one_of(st.just(_DEFAULT), drawn)
+    given_keywords = st.fixed_dictionaries(keywords).map(
+        lambda kw: {k: v for k, v in kw.items() if v is not _DEFAULT}
+    )
+    return st.tuples(st.tuples(*positional), given_keywords)
