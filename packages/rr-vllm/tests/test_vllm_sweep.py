@@ -20,8 +20,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -29,10 +30,9 @@ import rr_vllm
 from rr_core import RouteMeta
 from rr_fakes.engines import vllm_request_output
 from rr_fakes.pytest_support import settles
+from rr_fakes.sweeps import ANYTHING, JUNK, SWEEP, junk_calls
 from rr_vllm import DecodeOptions, SampleRoutes
 
-SWEEP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-JUNK = st.sampled_from([None, -1, 1.5, "x", b"x", [], [1, "a"], {}, object(), True, 2**70])
 E, L, K = 8, 3, 2
 META = RouteMeta(num_experts=E, top_k=K, layer_axis="all_layers", layer_numbers=(1, 2, 3))
 
@@ -297,3 +297,64 @@ def test_prompt_start_helpers(ps: Any, cached: Any, P: Any) -> None:
     ok, sent = settles(rr_vllm.prompt_start_to_send, ps, P, flags)
     if ok:
         assert 0 <= sent <= P
+
+
+#: The entry points the sweeps above drive with generated answers and check for their invariant.
+SWEPT_ABOVE = (
+    "DecodeOptions", "decode_routes_array", "decode_vllm_output", "decode_vllm_batch",
+    "npy_base64_to_array", "sglang_base64_to_array", "decode_sglang", "merge_split_routes",
+    "validate_samples", "to_trainer_layout", "truncate_sample", "drop_rows_before",
+    "omission_start", "prompt_start_to_send", "vllm_flags",
+)  # fmt: skip
+#: Entry points whose invariant on arguments of any kind is "a result or an rr error": each
+#: parameter drawn from rr_fakes.sweeps.ANYTHING, or a valid value of its kind.
+SWEPT_WITH_JUNK = (
+    "EngineConfig", "ModelGeometry", "R3v1Header", "SglangFlags", "Trajectory", "VerlRoutes",
+    "VllmFlags", "assemble_multi_turn", "assemble_resumed", "check_engine_config",
+    "check_verl_replayable", "concat_verl_routes", "decode_r3v1", "decode_sglang_openai",
+    "decode_sglang_stream", "decode_trtllm_output", "decode_trtllm_routes", "decode_vllm_http",
+    "decode_vllm_stream", "explain_store_errors", "flatten_completions", "is_store_eviction",
+    "max_new_tokens", "pack_batch_for_verl", "pack_for_verl", "read_r3v1_header",
+    "routes_store_max_bytes", "sglang_engine_config", "sglang_flags", "sglang_request_fields",
+    "to_verl_nested", "to_verl_padded", "truncate_response", "unreplayable_rows",
+    "vllm_engine_args", "vllm_engine_config", "vllm_sampling_fields", "installed_vllm_version",
+)  # fmt: skip
+#: Public names that take no outside data.
+NOT_ENTRY_POINTS = {
+    "AbortPolicy": "a typing alias of on_abort's values",
+    "DecodeKeywords": "a TypedDict: the keywords of the decoders, swept through them",
+    "SampleRoutes": "what the decoders return (built by them, read by the helpers swept here)",
+    "TrainerLayout": "a NamedTuple to_trainer_layout returns",
+    "CaptureError": "an error class",
+    "DecodeOptionsError": "an error class",
+    "EngineOutputError": "an error class",
+    "RouteStoreEvictedError": "an error class",
+}
+#: Valid values of the parameters most entry points share, drawn beside the junk so the checks
+#: past the first one are reached too.
+VALID = {
+    "meta": st.one_of(st.just(META), ANYTHING),
+    "options": st.one_of(st.just(META), ANYTHING),
+    "sample": st.one_of(samples(), ANYTHING),
+    "last_turn": st.one_of(samples(), ANYTHING),
+    "samples": st.one_of(st.lists(samples(), max_size=2), ANYTHING),
+    "attempts": st.one_of(st.lists(st.one_of(st.none(), samples()), max_size=2), ANYTHING),
+    "num_prompt_tokens": st.one_of(st.integers(-1, 6), ANYTHING),
+    "num_generated_tokens": st.one_of(st.integers(-1, 6), ANYTHING),
+}
+
+
+@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
+@SWEEP
+@given(data=st.data())
+def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
+    entry = getattr(rr_vllm, name)
+    args, kwargs = data.draw(junk_calls(entry, **VALID))
+    ok, result = settles(entry, *args, **kwargs)
+    if ok and name == "explain_store_errors":  # a context manager: entering it checks
+        settles(result.__enter__)
+
+
+def test_every_public_name_is_swept_or_named() -> None:
+    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_ENTRY_POINTS]
+    assert sorted(named) == sorted(rr_vllm.__all__), set(named) ^ set(rr_vllm.__all__)

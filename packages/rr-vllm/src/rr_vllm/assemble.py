@@ -23,7 +23,7 @@ from rr_core import AlignmentError, RouteBatch, narrowest_dtype
 from rr_core.buffers import zeros
 from rr_core.checks import check_sequence
 from rr_vllm.errors import EngineOutputError
-from rr_vllm.fields import integer, integers
+from rr_vllm.fields import MAX_TOKENS, integer, integers
 from rr_vllm.samples import SampleRoutes, check_sample, check_samples
 
 
@@ -55,7 +55,7 @@ def assemble_multi_turn(
     the original prompt: the last turn's routes cover the whole context up to its last
     generation; tokens appended after it (tool output) are invalid rows (D2)."""
     t = check_sample(last_turn, "last_turn", AlignmentError).routes_TLK.shape[0]
-    n = integer(num_tokens, "num_tokens", error=AlignmentError)
+    n = integer(num_tokens, "num_tokens", error=AlignmentError, maximum=MAX_TOKENS)
     p = integer(num_prompt_tokens, "num_prompt_tokens", error=AlignmentError)
     if n < t or not 0 <= p <= last_turn.num_prompt_tokens:
         raise AlignmentError(

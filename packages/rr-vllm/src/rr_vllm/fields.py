@@ -9,7 +9,7 @@ coerces (``int(5.7)`` would silently place rows at other tokens).
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rr_vllm.errors import EngineOutputError
@@ -31,19 +31,52 @@ def as_mapping(value: Any, what: str) -> Mapping[str, Any]:
     return value
 
 
+def chunks_of(value: Any, what: str) -> Iterable[Any]:
+    """The chunks of a stream: a list or an iterator (a mapping, a number or None is none)."""
+    array = hasattr(
+        value, "ndim"
+    )  # a tensor or an array is never a stream (a 0-d one not even iterable)
+    if array or isinstance(value, Mapping) or not isinstance(value, Iterable):
+        raise EngineOutputError(
+            f"{what} must be a list or an iterator of chunks; got {_shown(value)}"
+        )
+    return value
+
+
+def utf8(value: str | bytes, what: str) -> str:
+    """Text of an answer; bytes must be UTF-8 (as JSON and SSE are)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return value.decode()
+    except UnicodeDecodeError as e:
+        raise EngineOutputError(f"{what} is not UTF-8 text ({e})") from e
+
+
 def integer(
-    value: Any, what: str, *, error: type[Exception] = EngineOutputError, minimum: int | None = 0
+    value: Any,
+    what: str,
+    *,
+    error: type[Exception] = EngineOutputError,
+    minimum: int | None = 0,
+    maximum: int | None = None,
 ) -> int:
-    """An ``int`` (or an integer scalar) >= ``minimum`` (None: any); a bool, float or string
-    raises ``error`` (``int(5.7)`` would silently place rows at other tokens)."""
+    """An ``int`` (or an integer scalar) in ``[minimum, maximum]`` (None: unbounded); a bool,
+    float or string raises ``error`` (``int(5.7)`` would silently place rows at other tokens)."""
     try:
         n = None if isinstance(value, bool) else operator.index(value)
     except TypeError:
         n = None
-    if n is None or (minimum is not None and n < minimum):
+    low = n is not None and minimum is not None and n < minimum
+    if n is None or low or (maximum is not None and n > maximum):
         bound = "" if minimum is None else f" >= {minimum}"
+        bound += "" if maximum is None else f" and <= {maximum}"
         raise error(f"{what} must be an integer{bound}; got {_shown(value)}")
     return n
+
+
+#: The most tokens a sample or a batch dimension may have (an int32 index).
+MAX_TOKENS = 2**31 - 1
 
 
 def count(value: Any, what: str) -> int:

@@ -9,7 +9,7 @@ from typing import Any, Unpack
 
 from rr_core import RouteMeta
 from rr_vllm.errors import EngineOutputError
-from rr_vllm.fields import as_mapping
+from rr_vllm.fields import as_mapping, chunks_of
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
 from rr_vllm.samples import SampleRoutes
 from rr_vllm.sglang.wire import _FIRST_ONLY, READS, _choices, _counts, _decode_info
@@ -45,7 +45,7 @@ def decode_sglang_stream(
     usage: Any = None
     texts: list[Any] = []
     dtype: Any = None
-    for i, item in enumerate(chunks):
+    for i, item in enumerate(chunks_of(chunks, "an SGLang stream")):
         if isinstance(item, str) and item.strip() == "[DONE]":
             continue
         chunk = as_mapping(item, f"{what}, chunk {i} (json.loads of one data: line)")

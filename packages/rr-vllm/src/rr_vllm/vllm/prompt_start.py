@@ -17,9 +17,10 @@ import dataclasses
 
 import numpy as np
 
+from rr_core.checks import check_instance
 from rr_vllm.errors import CaptureError
 from rr_vllm.fields import integer
-from rr_vllm.samples import SampleRoutes
+from rr_vllm.samples import SampleRoutes, check_sample
 from rr_vllm.vllm.versions import VllmFlags
 
 
@@ -29,6 +30,8 @@ def prompt_start_to_send(prompt_start: int, num_prompt_tokens: int, flags: VllmF
     :class:`~rr_vllm.CaptureError`."""
     p = integer(num_prompt_tokens, "num_prompt_tokens", error=CaptureError)
     start = integer(prompt_start, "prompt_start", error=CaptureError, minimum=None)
+    takes = "prompt_start_to_send takes the VllmFlags of the engine (vllm_flags(version))"
+    flags = check_instance(flags, VllmFlags, CaptureError, takes)
     if not 0 <= start <= p:
         raise CaptureError(
             f"prompt_start={start} is outside 0..P={p} (vLLM answers HTTP 400 from 0.30; "
@@ -50,6 +53,7 @@ def drop_rows_before(sample: SampleRoutes, prompt_start: int) -> SampleRoutes:
     """The sample with the rows of tokens before ``prompt_start`` invalid (zeroed), as if the
     engine had skipped them: the row that :func:`prompt_start_to_send` adds on 0.22-0.29, or
     rows the caller already holds. The arrays are copied only when rows change."""
+    sample = check_sample(sample, "drop_rows_before's sample", CaptureError)
     start = integer(prompt_start, "prompt_start", error=CaptureError)
     t = sample.routes_TLK.shape[0]
     if start > sample.num_prompt_tokens:

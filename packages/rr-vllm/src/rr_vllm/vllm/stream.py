@@ -24,7 +24,7 @@ from typing import Any, Unpack
 
 from rr_core import RouteMeta, expected_route_rows
 from rr_vllm.errors import EngineOutputError
-from rr_vllm.fields import as_mapping, count, integers, reason, token_count
+from rr_vllm.fields import as_mapping, chunks_of, count, integers, reason, token_count, utf8
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
 from rr_vllm.samples import Sample, SampleRoutes, decode_rows
 from rr_vllm.vllm.store import check_error_body
@@ -55,7 +55,7 @@ def _events(stream: Iterable[Any]) -> Iterable[tuple[int, Mapping[str, Any] | No
     if isinstance(stream, str | bytes):
         stream = [stream]
     n = 0
-    for item in stream:
+    for item in chunks_of(stream, "a vLLM stream"):
         if isinstance(item, Mapping):
             n += 1
             yield n, item
@@ -65,7 +65,7 @@ def _events(stream: Iterable[Any]) -> Iterable[tuple[int, Mapping[str, Any] | No
                 f"a stream is SSE text (str / bytes lines) or parsed chunks (dicts); got "
                 f"{type(item).__name__}"
             )
-        text = item.decode() if isinstance(item, bytes) else item
+        text = utf8(item, f"the vLLM stream's line after chunk {n}")
         for line in text.splitlines():
             line = line.strip()
             if not line or line.startswith(":") or not line.startswith("data:"):
