@@ -15,28 +15,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import rr_megatron_compat as rmc
 from rr_core import LayoutConfig, stage_moe_layer_numbers
 from rr_fakes.pytest_support import settles
+from rr_fakes.sweeps import ANYTHING, JUNK, SWEEP, junk_calls, tensors
 
-SWEEP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-JUNK = st.sampled_from([None, -1, 1.5, "x", b"x", [], [1, "a"], {}, object(), True, 2**70])
 INTS = st.one_of(st.integers(-2, 6), JUNK)
-
-
-@st.composite
-def tensors(draw: st.DrawFn, *, max_dims: int = 4) -> torch.Tensor:
-    dtype = draw(st.sampled_from([np.int16, np.int64, np.uint8, np.float32, np.bool_]))
-    shape = draw(hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=6))
-    if dtype is np.bool_:
-        return torch.from_numpy(draw(hnp.arrays(dtype, shape)))
-    return torch.from_numpy(draw(hnp.arrays(dtype, shape, elements=st.integers(0, 7))))
 
 
 def ids(rows: int, layers: int = 2, k: int = 2) -> torch.Tensor:
@@ -257,3 +246,55 @@ def test_attach_arguments(
     if not isinstance(force, bool):
         ok, _ = settles(rmc.install, force=force)
         assert not ok
+
+
+#: The entry points the sweeps above drive with generated layouts and routes, checking their
+#: invariant.
+SWEPT_ABOVE = (
+    "parse_moe_layer_freq", "rank_moe_layer_numbers", "stack_rank_routes", "split_rank_routes",
+    "merge_stage_routes", "batch_to_router_rows", "router_rows_to_batch", "sp_alignment",
+    "sp_pad", "cp_chunk_ids", "cp_split", "cp_merge", "thd_pack", "thd_unpack", "thd_cp_index",
+)  # fmt: skip
+#: Entry points whose invariant on arguments of any kind is "a result or an rr error" (the
+#: collectives without a process group here: each must refuse, never hang).
+SWEPT_WITH_JUNK = (
+    "MegatronLine", "PackedRoutes", "all_gather_exact", "check_replay_config",
+    "count_routed_tokens", "cp_gather", "current_pipeline_rank", "enable_replay", "hook_specs",
+    "installed_hooks", "layout_config", "line_flags", "megatron_line", "packed_seq_params",
+    "pp_gather", "replay_config_fields", "replay_enabled", "replay_forward_step", "sp_gather",
+    "sp_scatter",
+)  # fmt: skip
+#: Public names that take no outside data, or whose checks another test sweeps.
+NOT_SWEPT_HERE = {
+    **dict.fromkeys(
+        ("ADAPTER", "MegatronAdapter", "install", "uninstall", "is_installed", "attach", "detach"),
+        "the adapter protocol (tests/test_adapter_protocol.py): junk controllers and models",
+    ),
+    "RRProxy": "the wrapt proxy install() lays over a router method; never built by callers",
+    "CPLayout": "a typing alias of CP_LAYOUTS",
+    "CP_LAYOUTS": "a constant",
+    "SUPPORTED": "a constant",
+    **dict.fromkeys(
+        (
+            "MegatronNotInstalledError",
+            "ReplayConfigError",
+            "ReplayNotEquivalentWarning",
+            "UnsupportedMegatronError",
+        ),
+        "an error or warning class",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
+@SWEEP
+@given(data=st.data())
+def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
+    entry = getattr(rmc, name)
+    args, kwargs = data.draw(junk_calls(entry, group=st.one_of(st.none(), ANYTHING)))
+    settles(entry, *args, **kwargs)
+
+
+def test_every_public_name_is_swept_or_named() -> None:
+    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_SWEPT_HERE]
+    assert sorted(named) == sorted(rmc.__all__), set(named) ^ set(rmc.__all__)

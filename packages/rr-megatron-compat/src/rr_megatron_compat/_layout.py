@@ -18,7 +18,6 @@ layers).
 from __future__ import annotations
 
 import ast
-import importlib
 import operator
 import re
 from collections.abc import Sequence
@@ -26,6 +25,8 @@ from typing import Any
 
 from rr_core import LayoutConfig, LayoutError
 from rr_megatron_compat._checks import as_index
+from rr_megatron_compat._versions import import_megatron
+from rr_megatron_compat._wire import parallel_state
 
 _FREQ_TERM = re.compile(r"^\[([01](?:\s*,\s*[01])*)\]\s*\*\s*(\d+)$|^\[([01](?:\s*,\s*[01])*)\]$")
 
@@ -154,7 +155,7 @@ def layout_config(
 def _layout_stage_counts(pp_layout: Any, pp_size: int) -> tuple[tuple[int, ...], int]:
     """Decoder layers per virtual stage (vp_stage-major) of a ``PipelineParallelLayerLayout``."""
     if isinstance(pp_layout, (str, list)):  # a config whose __post_init__ did not run
-        module = importlib.import_module("megatron.core.transformer.pipeline_parallel_layer_layout")
+        module = import_megatron("megatron.core.transformer.pipeline_parallel_layer_layout")
         cls = module.PipelineParallelLayerLayout
         if isinstance(pp_layout, str):
             pp_layout = cls.from_str(layout=pp_layout, pipeline_model_parallel_size=pp_size)
@@ -181,5 +182,4 @@ def _is_decoder(kind: object) -> bool:
 
 def current_pipeline_rank() -> int:
     """This process's rank in Megatron's pipeline group (``parallel_state``; needs it set up)."""
-    ps = importlib.import_module("megatron.core.parallel_state")
-    return int(ps.get_pipeline_model_parallel_rank())
+    return int(parallel_state("get_pipeline_model_parallel_rank", LayoutError))

@@ -16,7 +16,6 @@ silent re-slice: every split checks its divisibility and names the fix.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import torch
 
 from rr_core import AlignmentError, pad_rows
 from rr_megatron_compat._checks import as_index, check_choice, check_instance, check_tensor
+from rr_megatron_compat._versions import import_megatron
 from rr_megatron_compat._wire import all_gather_exact, group_rank_size, megatron_group
 
 CPLayout = Literal["zigzag", "contiguous"]
@@ -323,7 +323,7 @@ def thd_cp_index(cu_seqlens_padded: torch.Tensor, cp_rank: int, cp_size: int) ->
 def packed_seq_params(packed: PackedRoutes) -> Any:
     """Megatron's ``PackedSeqParams`` (THD) for the batch these routes were packed for."""
     _packed(packed, "packed_seq_params")
-    module = importlib.import_module("megatron.core.packed_seq_params")
+    module = import_megatron("megatron.core.packed_seq_params")
     return module.PackedSeqParams(
         qkv_format="thd",
         cu_seqlens_q=packed.cu_seqlens,

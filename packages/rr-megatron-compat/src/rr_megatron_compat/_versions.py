@@ -10,8 +10,10 @@ undoes what ``install()`` recorded, whatever the line.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -101,6 +103,19 @@ def installed_version() -> Version | None:
         return Version(importlib.metadata.version(DISTRIBUTION))
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def import_megatron(module: str) -> Any:
+    """A megatron-core module; one that does not import (megatron-core absent, or something it
+    imports without declaring it, such as triton from 0.18) raises
+    :class:`MegatronNotInstalledError` naming what failed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MegatronNotInstalledError(
+            f"{module} does not import here ({type(e).__name__}: {e}); install a supported "
+            f"megatron-core (megatron-core{SUPPORTED[DISTRIBUTION]}) and what it imports"
+        ) from e
 
 
 @functools.cache

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-from rr_core import AlignmentError
+from rr_core import AlignmentError, RRError
+from rr_core.checks import describe
+from rr_megatron_compat._versions import import_megatron
 
 _WIRE_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -44,6 +46,16 @@ def all_gather_exact(t: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
     """``all_gather`` of same-shaped integer tensors, one per rank of ``group``, as uint8 views."""
     dist = _dist()
     wire = as_wire_bytes(t)
+    if not dist.is_available() or not dist.is_initialized():
+        raise AlignmentError(
+            "all_gather_exact needs torch.distributed initialized (init_process_group) in "
+            "every rank of the group"
+        )
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise AlignmentError(
+            f"group must be a torch.distributed ProcessGroup or None (the default group); got "
+            f"{describe(group)}"
+        )
     size = dist.get_world_size(group)
     parts = [torch.empty_like(wire) for _ in range(size)]
     dist.all_gather(parts, wire, group=group)
@@ -55,11 +67,23 @@ def group_rank_size(group: Any) -> tuple[int, int]:
     return int(dist.get_rank(group)), int(dist.get_world_size(group))
 
 
+def parallel_state(getter: str, error: type[RRError] = AlignmentError) -> Any:
+    """``megatron.core.parallel_state.<getter>()``; before Megatron's parallel state is set up
+    its assertion becomes ``error`` naming the fix."""
+    ps = import_megatron("megatron.core.parallel_state")
+    try:
+        return getattr(ps, getter)()
+    except AssertionError as e:  # "... group is not initialized"
+        raise error(
+            f"Megatron's parallel state is not set up ({getter}: {e}): call "
+            "parallel_state.initialize_model_parallel(...) first, or pass the group"
+        ) from e
+
+
 def megatron_group(name: str) -> Any:
     """One of Megatron's process groups (``tensor_model_parallel``, ``context_parallel``,
     ``pipeline_model_parallel``) from its parallel state."""
-    ps = importlib.import_module("megatron.core.parallel_state")
-    group = getattr(ps, f"get_{name}_group")()
+    group = parallel_state(f"get_{name}_group")
     # A rank in several PP groups (encoder and decoder pipelines) gets a list of them, on every
     # line: a property of the parallel layout, not of the release, so it is checked on the value.
     if isinstance(group, list):
