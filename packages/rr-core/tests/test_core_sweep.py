@@ -21,6 +21,8 @@ Entry points covered:
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ from rr_core import (
     RRError,
 )
 from rr_fakes.pytest_support import settles
+from rr_fakes.sweeps import junk_calls
 
 from rr_core_testing import TinyModel
 
@@ -517,3 +520,64 @@ def test_failure_mode(code: Any) -> None:
     if ok and mode is not None:
         assert mode.title
         assert mode.handling
+
+
+#: The entry points the sweeps above drive with generated routes and layouts, checking their
+#: invariant.
+SWEPT_ABOVE = (
+    "LayoutConfig", "ReplayController", "ReplayMode", "RouteBatch", "RouteMeta", "align_routes",
+    "all_layers_to_moe_layers", "bytes_per_token", "check_route_rows", "decode_routes",
+    "decode_routes_into", "encode_routes", "expected_route_rows", "failure_mode", "holds_ids",
+    "is_moe_layer", "layer_offset", "moe_layer_numbers", "moe_layers_to_all_layers",
+    "moe_ordinal", "narrow_ids", "narrowest_dtype", "native_topk", "num_layers_to_build",
+    "pad_rows", "payload_bytes", "replay_mask_for_lengths", "replay_topk", "select_stage",
+    "stage_layer_numbers", "stage_of_layer", "truncate_routes",
+)  # fmt: skip
+#: Entry points whose invariant on arguments of any kind is "a result or an rr error" (paths
+#: among them: each example runs in a fresh empty directory).
+SWEPT_WITH_JUNK = (
+    "RouteIndex", "atomic_write", "controller_of", "decoder_scope", "find_orphans",
+    "load_routes", "load_samples", "moe_ordinals_of_stage", "moe_pattern", "num_moe_layers",
+    "read_header", "router_topk", "save_routes", "stage_moe_layer_numbers", "take_sequences",
+    "walk_routers", "write_index", "write_shard",
+)  # fmt: skip
+#: Public names that take no outside data.
+NOT_ENTRY_POINTS = {
+    **dict.fromkeys(
+        ("Attachment", "StepReport", "TopK", "RecordHeader", "FailureMode"),
+        "a record rr builds and returns",
+    ),
+    "EncodedRoutes": "what encode_routes builds; decode_routes checks every field (swept above)",
+    "Adapter": "the adapter base class: tests/test_adapter_protocol.py drives every adapter",
+    **dict.fromkeys(("CodecName", "LayerAxis", "PaddingSide", "RouterPredicate"), "a type alias"),
+    **dict.fromkeys(("CODECS", "FAILURE_MODES"), "a constant"),
+    **dict.fromkeys(
+        (
+            "AlignmentError",
+            "CodecError",
+            "LayoutError",
+            "RRError",
+            "RRWarning",
+            "RecordFileError",
+            "ReplayError",
+            "RouteValidationError",
+            "WalkError",
+        ),
+        "an error or warning class",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
+@SWEEP
+@given(data=st.data())
+def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
+    entry = getattr(rr_core, name)
+    args, kwargs = data.draw(junk_calls(entry))
+    with tempfile.TemporaryDirectory() as empty, contextlib.chdir(empty):
+        settles(entry, *args, **kwargs)
+
+
+def test_every_public_name_is_swept_or_named() -> None:
+    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_ENTRY_POINTS]
+    assert sorted(named) == sorted(rr_core.__all__), set(named) ^ set(rr_core.__all__)

@@ -25,9 +25,10 @@ from typing import Any, BinaryIO
 
 import torch
 
+from rr_core.checks import describe
 from rr_core.codecs.encoding import DEFAULT_CODEC, EncodedRoutes, decode_routes, encode_routes
 from rr_core.errors import RecordFileError, RRError
-from rr_core.records.atomic import atomic_write
+from rr_core.records.atomic import as_path, atomic_write
 from rr_core.records.check import (
     FORMAT,
     FORMAT_VERSION,
@@ -99,6 +100,14 @@ def save_routes(
     """
     from safetensors.torch import save
 
+    as_path(path)
+    if not isinstance(routes, RouteBatch | EncodedRoutes):
+        raise RecordFileError(
+            "save_routes takes a RouteBatch or the EncodedRoutes encode_routes returns; got "
+            f"{describe(routes)}"
+        )
+    if producer is not None and not isinstance(producer, Mapping):
+        raise RecordFileError(f"producer must be a mapping of strings; got {describe(producer)}")
     extra = dict(producer or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
         raise RecordFileError(
@@ -128,7 +137,7 @@ def save_routes(
         "offsets": enc.offsets_B1.contiguous().cpu(),
     }
     metadata["checksum"] = _checksum(metadata, tensors)
-    target = Path(path)
+    target = as_path(path)
     # The reader's checks, run before writing: rr never writes a file it would refuse to read.
     fields = check_metadata(target, metadata)
     check_entries(target, _entries(tensors), fields)
@@ -138,11 +147,7 @@ def save_routes(
         raise RecordFileError(
             f"{directory}: no such directory to write {target.name} into; create it first"
         )
-    data = save(tensors, metadata=metadata)
-    try:
-        return atomic_write(target, data)
-    except OSError as exc:
-        raise RecordFileError(f"{target}: cannot write ({exc.strerror or exc})") from exc
+    return atomic_write(target, save(tensors, metadata=metadata))
 
 
 def _entries(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
@@ -200,7 +205,7 @@ def read_header(path: PathLike) -> RecordHeader:
     """The metadata of a record file, reading only its header (the checksum is not verified:
     use :func:`read_record` or :func:`load_routes` for the routes themselves). The metadata and
     the tensor shapes it implies are checked (see :mod:`rr_core.records.check`)."""
-    p = Path(path)
+    p = as_path(path)
     with _open(p) as f:
         try:
             header = _read_header_json(p, f, os.fstat(f.fileno()).st_size)
@@ -216,7 +221,7 @@ def read_record(path: PathLike) -> tuple[RecordHeader, EncodedRoutes]:
     and tensors verified; nothing is decoded."""
     from safetensors.torch import load
 
-    p = Path(path)
+    p = as_path(path)
     with _open(p) as f:
         try:
             size = os.fstat(f.fileno()).st_size
@@ -254,7 +259,7 @@ def read_record(path: PathLike) -> tuple[RecordHeader, EncodedRoutes]:
 def load_routes(path: PathLike, *, device: torch.device | str | None = None) -> RouteBatch:
     """The route batch of a record file on ``device``, checksum verified; malformed contents
     raise :class:`RecordFileError` naming the file."""
-    p = Path(path)
+    p = as_path(path)
     _, enc = read_record(p)
     return decode_record(p, enc, device)
 

@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
+from rr_core.checks import as_index, check_instance, check_sequence, describe
 from rr_core.codecs.encoding import DEFAULT_CODEC, EncodedRoutes
 from rr_core.errors import RecordFileError
-from rr_core.records.atomic import atomic_write
+from rr_core.records.atomic import as_path, atomic_write
 from rr_core.records.file import (
     PathLike,
     RecordHeader,
@@ -39,7 +40,10 @@ _SHARD = re.compile(r"^routes-rank(\d{5})\.safetensors$")
 
 def shard_path(directory: PathLike, rank: int) -> Path:
     """Where rank ``rank`` writes its shard in ``directory``."""
-    return Path(directory) / f"routes-rank{rank:05d}.safetensors"
+    rank = as_index(rank, "rank", RecordFileError)
+    if rank < 0:
+        raise RecordFileError(f"rank must be >= 0; got {rank}")
+    return as_path(directory, "directory") / f"routes-rank{rank:05d}.safetensors"
 
 
 def write_shard(
@@ -54,15 +58,20 @@ def write_shard(
 ) -> Path:
     """Write this rank's routes atomically; ``sample_ids`` must be unique across all ranks;
     ``provenance`` as :func:`~rr_core.save_routes` takes it."""
+    path = shard_path(directory, rank)  # the arguments checked before anything is created
+    if producer is not None and not isinstance(producer, Mapping):
+        raise RecordFileError(f"producer must be a mapping of strings; got {describe(producer)}")
+    takes = "write_shard takes a RouteBatch"
+    check_instance(routes, RouteBatch, RecordFileError, takes)
     try:
-        Path(directory).mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RecordFileError(
             f"{directory}: cannot create the shard directory ({exc.strerror or exc})"
         ) from exc
-    extra = {"rank": str(rank), **(producer or {})}
+    extra = {"rank": str(as_index(rank, "rank", RecordFileError)), **(producer or {})}
     return save_routes(
-        shard_path(directory, rank),
+        path,
         routes,
         codec=codec,
         sample_ids=sample_ids,
@@ -74,7 +83,9 @@ def write_shard(
 def write_index(directory: PathLike, *, world_size: int | None = None) -> Path:
     """Index every shard in ``directory`` (reading headers only) and write ``index.json``
     atomically. With ``world_size``, a missing rank raises instead of being left out."""
-    d = Path(directory)
+    d = as_path(directory, "directory")
+    if world_size is not None:
+        world_size = as_index(world_size, "world_size", RecordFileError)
     if not d.is_dir():
         raise RecordFileError(f"{d}: no such directory of shards")
     found = {int(m.group(1)): p for p in d.iterdir() if (m := _SHARD.match(p.name))}
@@ -111,7 +122,7 @@ class RouteIndex:
     """A parsed ``index.json``: which shard holds which sample id."""
 
     def __init__(self, path: PathLike) -> None:
-        self.path = Path(path)
+        self.path = as_path(path)
         try:
             raw = json.loads(self.path.read_bytes())
         except OSError as exc:
@@ -266,15 +277,23 @@ def concat_batches(batches: Sequence[RouteBatch]) -> RouteBatch:
 
 def take_sequences(batch: RouteBatch, indices: Sequence[int]) -> RouteBatch:
     """Sequences ``indices`` of ``batch`` as a new batch, gathered in one indexing operation."""
+    check_instance(batch, RouteBatch, RecordFileError, "take_sequences takes a RouteBatch")
+    picked = [
+        as_index(i, "a sequence index", RecordFileError)
+        for i in check_sequence(indices, "indices", RecordFileError)
+    ]
+    B = batch.num_sequences
+    if any(not 0 <= i < B for i in picked):
+        raise RecordFileError(
+            f"take_sequences: indices {picked} outside 0..{B - 1} ({B} sequences)"
+        )
     dev = batch.offsets_B1.device
-    idx_B = torch.tensor(list(indices), dtype=torch.int64, device=dev)
+    idx_B = torch.tensor(picked, dtype=torch.int64, device=dev)
     starts_B = batch.offsets_B1[idx_B]
     lengths_B = batch.offsets_B1[idx_B + 1] - starts_B
     offsets_B1 = torch.cat([lengths_B.new_zeros(1), lengths_B.cumsum(0)])
     N = int(offsets_B1[-1])
-    seq_N = torch.repeat_interleave(
-        torch.arange(len(indices), device=dev), lengths_B, output_size=N
-    )
+    seq_N = torch.repeat_interleave(torch.arange(len(picked), device=dev), lengths_B, output_size=N)
     rows_N = starts_B[seq_N] + torch.arange(N, device=dev) - offsets_B1[seq_N]
     return RouteBatch._trusted(
         batch.values_NLK[rows_N], offsets_B1, batch.valid_N[rows_N], batch.meta

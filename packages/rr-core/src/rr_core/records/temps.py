@@ -29,9 +29,24 @@ def host_tag() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
+#: Bytes of a destination name kept whole in its temporary files' names: the rest of a temporary
+#: name takes about 30, and file systems allow 255 bytes a name.
+NAME_BYTES = 200
+
+
+def temp_stem(name: str) -> str:
+    """How temporary files name destination ``name``: whole up to :data:`NAME_BYTES` bytes, a
+    longer one cut with a hash of the whole appended (a name at the file system's limit must
+    still get a temporary file beside it)."""
+    if len(name.encode()) <= NAME_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return name.encode()[: NAME_BYTES - 17].decode(errors="ignore") + "~" + digest
+
+
 def temp_prefix(name: str) -> str:
     """The ``mkstemp`` prefix of this process's temporary files for destination ``name``."""
-    return f".{name}.{host_tag()}-{os.getpid()}."
+    return f".{temp_stem(name)}.{host_tag()}-{os.getpid()}."
 
 
 @dataclass(frozen=True)
@@ -81,13 +96,14 @@ def parse_temp(path: Path) -> TempFile | None:
 
 def temp_files(directory: Path, destination: str | None = None) -> list[TempFile]:
     """Temporary files in ``directory`` (those of ``destination`` only, when given)."""
+    stem = None if destination is None else temp_stem(destination)
     found = []
     with os.scandir(directory) as entries:
         for entry in entries:
             if not entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
                 continue
             t = parse_temp(Path(entry.path))
-            if t is not None and destination in (None, t.destination):
+            if t is not None and stem in (None, t.destination):
                 found.append(t)
     return sorted(found, key=lambda t: t.path.name)
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from rr_core.checks import describe
+from rr_core.errors import ReplayError
 from rr_core.replay.topk import TopK, native_topk
 
 if TYPE_CHECKING:
@@ -25,7 +27,7 @@ def router_topk(
 ) -> TopK:
     """The hook point routers call at their top-k step: native top-k unless ``router`` belongs
     to an attached controller whose mode for it is not OFF."""
-    controller = OWNERS.get(router)
+    controller = _owner(router, "router_topk")
     if controller is None:
         return native_topk(scores_TE, k, values_TE=values_TE)
     return controller.route(router, scores_TE, k, values_TE=values_TE)
@@ -33,7 +35,16 @@ def router_topk(
 
 def controller_of(router: nn.Module) -> ReplayController | None:
     """The controller a router is attached to, if any."""
-    return OWNERS.get(router)
+    return _owner(router, "controller_of")
+
+
+def _owner(router: nn.Module, where: str) -> ReplayController | None:
+    try:
+        return OWNERS.get(router)
+    except TypeError:  # not weakly referenceable: no module (the check costs nothing otherwise)
+        raise ReplayError(
+            f"{where} takes the router module (an nn.Module); got {describe(router)}"
+        ) from None
 
 
 def attached_router_count() -> int:

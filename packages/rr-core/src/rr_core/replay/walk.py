@@ -8,10 +8,12 @@ actually forwarded, stays inside its decoder, and keys every router by its 1-bas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from torch import nn
 
+from rr_core.checks import check_sequence
 from rr_core.errors import WalkError
 
 RouterPredicate = Callable[[nn.Module], bool]
@@ -109,5 +111,13 @@ def find_orphans(
 ) -> list[nn.Module]:
     """Routers registered somewhere (e.g. a process-global list) that the walk of the forwarded
     model does not reach: a model built twice leaves such orphans first in the list (A1)."""
-    reached = {id(router) for _, router in walked}
-    return [router for router in registered if id(router) not in reached]
+    pairs = _listed(walked, "walked")
+    if not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
+        raise WalkError("walked must be the (layer, router) pairs walk_routers returns")
+    reached = {id(router) for _, router in pairs}
+    return [router for router in _listed(registered, "registered") if id(router) not in reached]
+
+
+def _listed(value: object, what: str) -> list[Any]:
+    """The items of a list or an iterator (a generator is read once)."""
+    return check_sequence(list(value) if isinstance(value, Iterator) else value, what, WalkError)
