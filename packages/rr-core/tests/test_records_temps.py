@@ -14,9 +14,16 @@ import pytest
 
 from rr_core import RouteBatch
 from rr_core.cli import main as _cli
-from rr_core.records.file import save_routes
+from rr_core.records.file import load_routes, save_routes
 from rr_core.records.shards import write_index, write_shard
-from rr_core.records.temps import STALE_AFTER_S, host_tag, parse_temp, temp_files
+from rr_core.records.temps import (
+    NAME_BYTES,
+    STALE_AFTER_S,
+    host_tag,
+    parse_temp,
+    temp_files,
+    temp_stem,
+)
 from test_codecs import random_batch
 
 
@@ -124,3 +131,24 @@ def test_verify_a_directory_without_an_index(
     assert capsys.readouterr().out.count("OK") == 2
     (tmp_path / "b.safetensors").write_bytes(b"\0" * 20)
     assert _cli.main(["verify", str(tmp_path)]) == 1
+
+
+def test_a_name_at_the_file_systems_limit_is_written_and_its_leftovers_cleaned(
+    tmp_path: Path,
+) -> None:
+    """255 bytes is the most a name may have; its temporary file (about 30 bytes more) is named
+    after a shortened stem, so the write goes through and a killed writer's leftover of that
+    name is still told apart and removed."""
+    name = "x" + "é" * 121 + ".safetensors"  # 1 + 242 + 12 = 255 bytes, multi-byte
+    assert len(name.encode()) == 255
+    stem = temp_stem(name)
+    assert len(stem.encode()) <= NAME_BYTES
+    assert stem != name
+    dead = tmp_path / f".{stem}.{host_tag()}-{dead_pid()}.a1b2c3d4.tmp"
+    dead.write_bytes(b"half a record")
+    other = leftover(tmp_path, "other.rr", dead_pid())
+    path = save_routes(tmp_path / name, batch())
+    assert load_routes(path).equal(batch())
+    assert not dead.exists()  # the next write to the same destination removed it
+    assert other.exists()
+    assert temp_stem("step.rr") == "step.rr"  # short names are kept whole
