@@ -19,17 +19,17 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import rr_npu
 from rr_core import ReplayController
 from rr_fakes.pytest_support import settles
+from rr_fakes.sweeps import JUNK, SWEEP, junk_calls
 
-SWEEP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-JUNK = st.sampled_from([None, -1, 1.5, "x", b"x", [], [1, "a"], {}, object(), True, 2**70])
 DTYPES = [
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
     torch.bfloat16, torch.float32, torch.complex64,
@@ -151,3 +151,81 @@ def test_adapter_arguments(controller: Any, model: str, force: Any) -> None:
     if not isinstance(force, bool):
         ok, _ = settles(rr_npu.install, force=force)
         assert not ok
+
+
+#: The entry points the sweeps above drive with generated batches and layouts, checking their
+#: invariant.
+SWEPT_ABOVE = (
+    "all_gather_routes",
+    "attach",
+    "config_from_plain",
+    "config_to_plain",
+    "detach",
+    "device_choice",
+    "device_type",
+    "enable_replay",
+    "ids_for_gather",
+    "install",
+    "set_npu_determinism",
+    "watch",
+    "wire_plan",
+)
+#: Entry points whose invariant on arguments of any kind is "a result or an rr error".
+SWEPT_WITH_JUNK = (
+    "check_routing_not_replaced",
+    "declared_class",
+    "replace_config",
+    "routing_replacements",
+    "check_config_signatures",
+    "check_import_order",
+    "collective_backend",
+    "replay_active",
+    "visible_devices_var",
+    "import_torch_npu",
+)
+#: Public names that take no outside data, or whose checks another test drives.
+NOT_SWEPT_HERE = {
+    **dict.fromkeys(
+        ("ADAPTER", "MindSpeedAdapter", "is_installed", "uninstall"),
+        "the adapter protocol (tests/test_adapter_protocol.py): junk controllers and models",
+    ),
+    **dict.fromkeys(
+        (
+            "ensure_installed",
+            "install_gating_guard",
+            "uninstall_gating_guard",
+            "ReinstallAfterApply",
+        ),
+        "install state under MindSpeed and torch_npu: test_npu_mindspeed.py, test_npu_gating.py",
+    ),
+    **dict.fromkeys(
+        ("DeterminismReport", "DeviceChoice", "Replacement", "WirePlan"), "a record rr returns"
+    ),
+    **dict.fromkeys(("HCCL_COLLECTIVE_DTYPES", "NPU_DETERMINISM_ENV", "SUPPORTED"), "a constant"),
+    **dict.fromkeys(
+        (
+            "ConfigSignatureError",
+            "DeviceChoiceError",
+            "FusedGatingError",
+            "MindSpeedOrderError",
+            "NpuUnavailableError",
+            "PayloadPolicyError",
+            "RoutingReplacedError",
+        ),
+        "an error class",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
+@SWEEP
+@given(data=st.data())
+def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
+    entry = getattr(rr_npu, name)
+    args, kwargs = data.draw(junk_calls(entry))
+    settles(entry, *args, **kwargs)
+
+
+def test_every_public_name_is_swept_or_named() -> None:
+    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_SWEPT_HERE]
+    assert sorted(named) == sorted(rr_npu.__all__), set(named) ^ set(rr_npu.__all__)

@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from torch import nn
@@ -26,10 +27,9 @@ from torch import nn
 import rr_transformers
 from rr_core import ReplayController, ReplayMode, RouteBatch, RouteMeta, router_topk
 from rr_fakes.pytest_support import settles
+from rr_fakes.sweeps import JUNK, SWEEP, junk_calls
 from rr_transformers import arm_routes, routes_for_packed, routes_for_padded
 
-SWEEP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-JUNK = st.sampled_from([None, -1, 1.5, "x", [], [1, "a"], {}, object(), True, 2**70])
 E, K, L = 6, 2, 2
 META = RouteMeta(num_experts=E, top_k=K, layer_axis="all_layers", layer_numbers=(1, 2))
 
@@ -166,3 +166,48 @@ def test_attach_arguments(controller: Any, model: str, score: Any, force: Any) -
     if not isinstance(force, bool):
         ok, _ = settles(rr_transformers.install, force=force)
         assert not ok
+
+
+#: The entry points the sweeps above drive with generated batches and layouts, checking their
+#: invariant.
+SWEPT_ABOVE = (
+    "arm_routes",
+    "attach",
+    "detach",
+    "install",
+    "routes_for_packed",
+    "routes_for_padded",
+)
+#: Entry points whose invariant on arguments of any kind is "a result or an rr error".
+SWEPT_WITH_JUNK = ("decoder_layers", "installed_transformers_version")
+#: Public names that take no outside data, or whose checks another test drives.
+NOT_SWEPT_HERE = {
+    **dict.fromkeys(
+        ("ADAPTER", "TransformersAdapter", "installed", "is_installed", "uninstall"),
+        "the adapter protocol (tests/test_adapter_protocol.py): junk controllers and models",
+    ),
+    "RouterTopkProxy": "the wrapt proxy install() lays over a router; never built by callers",
+    "Family": "a row of rr's own family table (KNOWN_FAMILIES), checked by the family tests",
+    "KNOWN_FAMILIES": "a constant",
+    "Attachment": "a record attach() returns",
+    **dict.fromkeys(
+        ("PackedForwardError", "RouterHookError", "TransformersVersionError", "UnknownFamilyError"),
+        "an error class",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
+@SWEEP
+@given(data=st.data())
+def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
+    entry = getattr(rr_transformers, name)
+    args, kwargs = data.draw(junk_calls(entry))
+    settles(entry, *args, **kwargs)
+
+
+def test_every_public_name_is_swept_or_named() -> None:
+    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_SWEPT_HERE]
+    assert sorted(named) == sorted(rr_transformers.__all__), set(named) ^ set(
+        rr_transformers.__all__
+    )
