@@ -115,8 +115,9 @@ def report_versions(session: nox.Session) -> None:
 @session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff check and format, mypy (strict on rr_core), import-linter layer contracts."""
-    # pytest too: rr_fakes.pytest_support is typed against it
-    install_with_torch(session, "ruff", "mypy", "import-linter", "pytest", *editable(*ALL_PACKAGES))
+    # pytest and hypothesis too: rr_fakes.pytest_support and rr_fakes.sweeps are typed against them
+    tools = ("ruff", "mypy", "import-linter", "pytest", "hypothesis")
+    install_with_torch(session, *tools, *editable(*ALL_PACKAGES))
     report_versions(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")

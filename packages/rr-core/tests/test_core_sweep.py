@@ -21,8 +21,6 @@ Entry points covered:
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -43,7 +41,7 @@ from rr_core import (
     RRError,
 )
 from rr_fakes.pytest_support import settles
-from rr_fakes.sweeps import junk_calls
+from rr_fakes.sweeps import public_api_tests
 
 from rr_core_testing import TinyModel
 
@@ -568,16 +566,9 @@ NOT_ENTRY_POINTS = {
 }
 
 
-@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
-@SWEEP
-@given(data=st.data())
-def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
-    entry = getattr(rr_core, name)
-    args, kwargs = data.draw(junk_calls(entry))
-    with tempfile.TemporaryDirectory() as empty, contextlib.chdir(empty):
-        settles(entry, *args, **kwargs)
-
-
-def test_every_public_name_is_swept_or_named() -> None:
-    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_ENTRY_POINTS]
-    assert sorted(named) == sorted(rr_core.__all__), set(named) ^ set(rr_core.__all__)
+test_entry_point_refuses_junk, test_every_public_name_is_swept_or_named = public_api_tests(
+    rr_core,
+    swept_above=SWEPT_ABOVE,
+    swept_with_junk=SWEPT_WITH_JUNK,
+    not_swept=NOT_ENTRY_POINTS,
+)

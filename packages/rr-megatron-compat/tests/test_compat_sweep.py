@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 import rr_megatron_compat as rmc
 from rr_core import LayoutConfig, stage_moe_layer_numbers
 from rr_fakes.pytest_support import settles
-from rr_fakes.sweeps import ANYTHING, JUNK, SWEEP, junk_calls, tensors
+from rr_fakes.sweeps import ANYTHING, JUNK, SWEEP, public_api_tests, tensors
 
 INTS = st.one_of(st.integers(-2, 6), JUNK)
 
@@ -286,15 +285,10 @@ NOT_SWEPT_HERE = {
 }
 
 
-@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
-@SWEEP
-@given(data=st.data())
-def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
-    entry = getattr(rmc, name)
-    args, kwargs = data.draw(junk_calls(entry, group=st.one_of(st.none(), ANYTHING)))
-    settles(entry, *args, **kwargs)
-
-
-def test_every_public_name_is_swept_or_named() -> None:
-    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_SWEPT_HERE]
-    assert sorted(named) == sorted(rmc.__all__), set(named) ^ set(rmc.__all__)
+test_entry_point_refuses_junk, test_every_public_name_is_swept_or_named = public_api_tests(
+    rmc,
+    swept_above=SWEPT_ABOVE,
+    swept_with_junk=SWEPT_WITH_JUNK,
+    not_swept=NOT_SWEPT_HERE,
+    group=st.one_of(st.none(), ANYTHING),
+)

@@ -19,7 +19,6 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,7 +27,7 @@ from hypothesis.extra import numpy as hnp
 import rr_npu
 from rr_core import ReplayController
 from rr_fakes.pytest_support import settles
-from rr_fakes.sweeps import JUNK, SWEEP, junk_calls
+from rr_fakes.sweeps import JUNK, SWEEP, public_api_tests
 
 DTYPES = [
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -217,15 +216,9 @@ NOT_SWEPT_HERE = {
 }
 
 
-@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
-@SWEEP
-@given(data=st.data())
-def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
-    entry = getattr(rr_npu, name)
-    args, kwargs = data.draw(junk_calls(entry))
-    settles(entry, *args, **kwargs)
-
-
-def test_every_public_name_is_swept_or_named() -> None:
-    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_SWEPT_HERE]
-    assert sorted(named) == sorted(rr_npu.__all__), set(named) ^ set(rr_npu.__all__)
+test_entry_point_refuses_junk, test_every_public_name_is_swept_or_named = public_api_tests(
+    rr_npu,
+    swept_above=SWEPT_ABOVE,
+    swept_with_junk=SWEPT_WITH_JUNK,
+    not_swept=NOT_SWEPT_HERE,
+)

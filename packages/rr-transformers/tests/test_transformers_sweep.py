@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,7 +26,7 @@ from torch import nn
 import rr_transformers
 from rr_core import ReplayController, ReplayMode, RouteBatch, RouteMeta, router_topk
 from rr_fakes.pytest_support import settles
-from rr_fakes.sweeps import JUNK, SWEEP, junk_calls
+from rr_fakes.sweeps import JUNK, SWEEP, public_api_tests
 from rr_transformers import arm_routes, routes_for_packed, routes_for_padded
 
 E, K, L = 6, 2, 2
@@ -197,17 +196,9 @@ NOT_SWEPT_HERE = {
 }
 
 
-@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
-@SWEEP
-@given(data=st.data())
-def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
-    entry = getattr(rr_transformers, name)
-    args, kwargs = data.draw(junk_calls(entry))
-    settles(entry, *args, **kwargs)
-
-
-def test_every_public_name_is_swept_or_named() -> None:
-    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_SWEPT_HERE]
-    assert sorted(named) == sorted(rr_transformers.__all__), set(named) ^ set(
-        rr_transformers.__all__
-    )
+test_entry_point_refuses_junk, test_every_public_name_is_swept_or_named = public_api_tests(
+    rr_transformers,
+    swept_above=SWEPT_ABOVE,
+    swept_with_junk=SWEPT_WITH_JUNK,
+    not_swept=NOT_SWEPT_HERE,
+)

@@ -20,7 +20,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -30,7 +29,7 @@ import rr_vllm
 from rr_core import RouteMeta
 from rr_fakes.engines import vllm_request_output
 from rr_fakes.pytest_support import settles
-from rr_fakes.sweeps import ANYTHING, JUNK, SWEEP, junk_calls
+from rr_fakes.sweeps import ANYTHING, JUNK, SWEEP, public_api_tests
 from rr_vllm import DecodeOptions, SampleRoutes
 
 E, L, K = 8, 3, 2
@@ -344,17 +343,10 @@ VALID = {
 }
 
 
-@pytest.mark.parametrize("name", SWEPT_WITH_JUNK)
-@SWEEP
-@given(data=st.data())
-def test_entry_point_refuses_junk(name: str, data: st.DataObject) -> None:
-    entry = getattr(rr_vllm, name)
-    args, kwargs = data.draw(junk_calls(entry, **VALID))
-    ok, result = settles(entry, *args, **kwargs)
-    if ok and name == "explain_store_errors":  # a context manager: entering it checks
-        settles(result.__enter__)
-
-
-def test_every_public_name_is_swept_or_named() -> None:
-    named = [*SWEPT_ABOVE, *SWEPT_WITH_JUNK, *NOT_ENTRY_POINTS]
-    assert sorted(named) == sorted(rr_vllm.__all__), set(named) ^ set(rr_vllm.__all__)
+test_entry_point_refuses_junk, test_every_public_name_is_swept_or_named = public_api_tests(
+    rr_vllm,
+    swept_above=SWEPT_ABOVE,
+    swept_with_junk=SWEPT_WITH_JUNK,
+    not_swept=NOT_ENTRY_POINTS,
+    **VALID,
+)

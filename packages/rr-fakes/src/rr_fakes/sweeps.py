@@ -5,17 +5,20 @@ whose whole invariant on such input is "a result or an RRError, never another ex
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-__all__ = ["ANYTHING", "JUNK", "SWEEP", "arrays", "junk_calls", "tensors"]
+__all__ = ["ANYTHING", "JUNK", "SWEEP", "arrays", "junk_calls", "public_api_tests", "tensors"]
 
 SWEEP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -84,3 +87,45 @@ def junk_calls(
         lambda kw: {k: v for k, v in kw.items() if v is not _DEFAULT}
     )
     return st.tuples(st.tuples(*positional), given_keywords)
+
+
+def public_api_tests(
+    package: ModuleType,
+    *,
+    swept_above: Iterable[str],
+    swept_with_junk: Sequence[str],
+    not_swept: Mapping[str, str],
+    **valid: st.SearchStrategy[Any],
+) -> tuple[Callable[..., None], Callable[[], None]]:
+    """The two tests each package's sweep ends with (assign them to ``test_*`` names):
+
+    - every name of ``swept_with_junk`` called with :func:`junk_calls` (``valid`` as there), in a
+      fresh empty directory (paths among the junk must not litter the tree), gives a result or
+      an RRError (a context manager it returns is entered too);
+    - ``swept_above`` (the entry points the module's own sweeps check for their invariant),
+      ``swept_with_junk`` and ``not_swept`` (name -> why it takes no outside data) together are
+      exactly ``package.__all__``, so a new public name cannot go unswept unnoticed.
+    """
+    import pytest
+
+    from rr_fakes.pytest_support import settles
+
+    @pytest.mark.parametrize("name", swept_with_junk)
+    @SWEEP
+    @given(data=st.data())
+    def refuses_junk(name: str, data: st.DataObject) -> None:
+        entry = getattr(package, name)
+        args, kwargs = data.draw(junk_calls(entry, **valid))
+        with tempfile.TemporaryDirectory() as empty, contextlib.chdir(empty):
+            ok, result = settles(entry, *args, **kwargs)
+            if ok and hasattr(result, "__enter__") and hasattr(result, "__exit__"):
+                entered, _ = settles(result.__enter__)
+                if entered:
+                    result.__exit__(None, None, None)
+
+    def names_every_public_name() -> None:
+        named = [*swept_above, *swept_with_junk, *not_swept]
+        public = list(package.__all__)
+        assert sorted(named) == sorted(public), set(named) ^ set(public)
+
+    return refuses_junk, names_every_public_name
