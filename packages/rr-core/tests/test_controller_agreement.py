@@ -1,5 +1,6 @@
 """The step report's agreement: the threshold test on the router's own scores counts what a
-second native top-k counts, and where they may differ (a tie at the set's lowest score)."""
+second native top-k counts, and where they may differ (a tie at the set's lowest score); the
+order agreement counts the rows whose replayed slots are also in the router's score order."""
 
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ def replayed_agreement(
         routes = targets_TK[:, None].to(torch.uint8)
         ctrl.arm(0, routes, layer_numbers=[1], replay_mask_T=mask_T, rows_T=rows_T)
         router(scores_TE, k)
-        return ctrl.end_step().agreement
+        report = ctrl.end_step()
+        assert set(report.order_agreement) == set(report.agreement)
+        assert all(report.order_agreement[n] <= a for n, a in report.agreement.items())
+        return report.agreement
     finally:
         ctrl.detach()
 
@@ -101,3 +105,26 @@ def test_agreement_counts_rows_armed_through_a_row_index() -> None:
 def test_measure_agreement_takes_only_its_values(measure: Any) -> None:
     with pytest.raises(ReplayError, match="measure_agreement must be True"):
         ReplayController(num_experts=8, top_k=2, measure_agreement=measure)
+
+
+@pytest.mark.parametrize("measure", [True, "exact"])
+def test_order_agreement_counts_the_slot_order_the_set_agreement_ignores(measure: Any) -> None:
+    """Engines return ids in top-k order; the trainer's router may rank the same set another
+    way. Such rows agree as sets, not in order: what slot-ordered consumers would see."""
+    e, k = 8, 3
+    scores = torch.softmax(torch.randn(6, e, generator=torch.Generator().manual_seed(0)), -1)
+    native = scores.topk(k, dim=-1).indices
+    swapped = native.clone()
+    swapped[::2] = native[::2].flip(-1)  # rows 0, 2, 4: same set, lowest first
+    router = ScoreRouter(1)
+    ctrl = ReplayController(num_experts=e, top_k=k, measure_agreement=measure)
+    try:
+        ctrl.attach(nn.ModuleList([router]))
+        ctrl.set_mode(ReplayMode.REPLAY)
+        ctrl.arm(0, swapped[:, None].to(torch.uint8), layer_numbers=[1])
+        assert torch.equal(router(scores, k), swapped)  # replayed in the armed slot order
+        report = ctrl.end_step()
+    finally:
+        ctrl.detach()
+    assert report.agreement == {1: 1.0}
+    assert report.order_agreement == {1: 0.5}

@@ -32,6 +32,7 @@ from rr_core.replay.scope import MicrobatchScopes, in_backward
 from rr_core.replay.state import DEFAULT_MICROBATCH
 from rr_core.replay.topk import (
     TopK,
+    in_score_order_T,
     is_topk_set_T,
     native_ids,
     native_topk,
@@ -276,7 +277,10 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
                 agree_T = is_topk_set_T(scores_TE, out.ids_TK)
             if armed.mask_T is not None:
                 agree_T &= armed.mask_T.to(agree_T.device, non_blocking=True)
-            self._add_agreement(index, agree_T.sum(), armed.replayed_rows)
+            order_T = agree_T & in_score_order_T(scores_TE, out.ids_TK)
+            self._add_agreement(
+                index, torch.stack((agree_T.sum(), order_T.sum())), armed.replayed_rows
+            )
         return out
 
     def replay_mask(self, router: nn.Module) -> torch.Tensor | None:

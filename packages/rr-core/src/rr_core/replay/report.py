@@ -21,9 +21,13 @@ from rr_core.routes.batch import holds_ids
 @dataclass(frozen=True)
 class StepReport:
     """What happened in a step: agreement per layer (share of replayed rows whose armed set
-    equals the native set; 1.0 everywhere suggests replay changed nothing) and the micro-batches."""
+    equals the native set; 1.0 everywhere suggests replay changed nothing), order agreement per
+    layer (share whose armed set agrees and whose slots are in the router's score order: ids
+    replayed in another slot order than the trainer ranks them count in the first, not here)
+    and the micro-batches."""
 
     agreement: dict[int, float] = field(default_factory=dict)
+    order_agreement: dict[int, float] = field(default_factory=dict)
     replayed_microbatches: tuple[Hashable, ...] = ()
     recorded_microbatches: tuple[Hashable, ...] = ()
 
@@ -71,10 +75,18 @@ class StepReports(ControllerState):
     def agreement(self) -> dict[int, float]:
         """Per layer, the share of replayed rows whose armed set equals the native set, this
         step so far. Layers that replayed no row are absent."""
+        return self._shares(0)
+
+    def order_agreement(self) -> dict[int, float]:
+        """Per layer, the share of replayed rows whose armed set agrees and whose ids are in
+        the router's score order, this step so far."""
+        return self._shares(1)
+
+    def _shares(self, column: int) -> dict[int, float]:
         result = {}
         for index, (hits, rows) in sorted(self._agreement.items()):
             if rows:
-                result[self._layers[index]] = int(torch.stack(hits).sum()) / rows
+                result[self._layers[index]] = int(torch.stack(hits)[:, column].sum()) / rows
         return result
 
     def end_step(self) -> StepReport:
@@ -82,6 +94,7 @@ class StepReports(ControllerState):
         targets, records and counters (even when the check fails)."""
         report = StepReport(
             agreement=self.agreement(),
+            order_agreement=self.order_agreement(),
             replayed_microbatches=tuple(self._armed),
             recorded_microbatches=tuple(self._recorded),
         )
@@ -99,7 +112,8 @@ class StepReports(ControllerState):
         return report
 
     def _add_agreement(self, index: int, hits: torch.Tensor, rows: int) -> None:
-        # the hits stay on their device until the report: no host sync per router call
+        # hits: [set agreements, order agreements]; they stay on their device until the
+        # report: no host sync per router call
         hits_list, total = self._agreement.get(index, ([], 0))
         hits_list.append(hits)
         self._agreement[index] = (hits_list, total + rows)

@@ -126,6 +126,14 @@ def same_sets_T(ids_a_TK: torch.Tensor, ids_b_TK: torch.Tensor) -> torch.Tensor:
     return (a_TK == b_TK).all(dim=-1)
 
 
+def in_score_order_T(scores_TE: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor:
+    """Per row: are the ids in the order the scores rank them (slot 0 scoring highest; a tie
+    either way counts as in order)? The engine's slot order is what anything reading ids by
+    position (slot-ordered routing weights, say) relies on."""
+    chosen_TK = scores_TE.detach().gather(-1, ids_TK.to(device=scores_TE.device, dtype=torch.int64))
+    return (chosen_TK[:, :-1] >= chosen_TK[:, 1:]).all(dim=-1)
+
+
 def is_topk_set_T(scores_TE: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor:
     """Per row: is ``ids_TK`` (distinct ids) a top-k set of ``scores_TE``, that is, does no
     expert outside it score above its lowest member? The native top-k picks exactly this set
