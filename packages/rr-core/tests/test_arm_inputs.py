@@ -338,3 +338,16 @@ def test_arm_accepts_exactly_what_it_was_given_or_raises_an_rr_error(
             assert bool(((snapshot[rows] >= 0) & (snapshot[rows] < E)).all())
     finally:
         ctrl.detach()
+
+
+def test_none_is_not_a_microbatch_id(controller: ReplayController) -> None:
+    """Routers outside any micro-batch scope fire as micro-batch 0, so targets armed under None
+    would never be found (found by the transformers sweep): refused wherever an id is taken."""
+    controller.attach(TinyModel(num_layers=2))
+    for call in (
+        lambda: controller.arm(None, routes(3), layer_numbers=[1, 2]),
+        lambda: controller.microbatch(None).__enter__(),
+        lambda: controller.recorded(None),
+    ):
+        with pytest.raises(ReplayError, match="None is not a micro-batch id"):
+            call()

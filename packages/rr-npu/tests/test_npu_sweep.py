@@ -155,33 +155,16 @@ def test_adapter_arguments(controller: Any, model: str, force: Any) -> None:
 #: The entry points the sweeps above drive with generated batches and layouts, checking their
 #: invariant.
 SWEPT_ABOVE = (
-    "all_gather_routes",
-    "attach",
-    "config_from_plain",
-    "config_to_plain",
-    "detach",
-    "device_choice",
-    "device_type",
-    "enable_replay",
-    "ids_for_gather",
-    "install",
-    "set_npu_determinism",
-    "watch",
-    "wire_plan",
-)
+    "all_gather_routes", "attach", "config_from_plain", "config_to_plain", "detach",
+    "device_choice", "device_type", "enable_replay", "ids_for_gather", "install",
+    "set_npu_determinism", "watch", "wire_plan",
+)  # fmt: skip
 #: Entry points whose invariant on arguments of any kind is "a result or an rr error".
 SWEPT_WITH_JUNK = (
-    "check_routing_not_replaced",
-    "declared_class",
-    "replace_config",
-    "routing_replacements",
-    "check_config_signatures",
-    "check_import_order",
-    "collective_backend",
-    "replay_active",
-    "visible_devices_var",
-    "import_torch_npu",
-)
+    "check_routing_not_replaced", "declared_class", "replace_config", "routing_replacements",
+    "check_config_signatures", "check_import_order", "collective_backend", "replay_active",
+    "visible_devices_var", "import_torch_npu",
+)  # fmt: skip
 #: Public names that take no outside data, or whose checks another test drives.
 NOT_SWEPT_HERE = {
     **dict.fromkeys(

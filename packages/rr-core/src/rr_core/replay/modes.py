@@ -59,6 +59,13 @@ def layer_numbers_of(layers: object, what: str) -> tuple[int, ...]:
 
 
 def check_hashable(microbatch: object) -> None:
+    """A micro-batch id: hashable, and not None (None is "no micro-batch scope": routers fire
+    as micro-batch 0 there, so targets armed under None would never be found)."""
+    if microbatch is None:
+        raise ReplayError(
+            "None is not a micro-batch id (outside any controller.microbatch() scope routers "
+            "fire as micro-batch 0); use an int, a str or a tuple"
+        )
     try:
         hash(microbatch)
     except TypeError:

@@ -148,21 +148,24 @@ def check_ids(
     if not allow_all_zero and (K == 1 or repeated.count):
         routed_BM = _routed_slots(values_NLK, meta, valid, offsets_np, moe)
 
+    def first_pair(found: _Hits, slots: list[int]) -> str:
+        """Where the first row-layer pair found lies, and its ids."""
+        assert found.first is not None
+        row, j = found.first
+        slot = slots[j]
+        kind, ids = (", dense", "ids") if slots is dense else ("", "expert ids")
+        where = f"{_where(offsets, row)}, layer {layers[slot]} (slot {slot}{kind})"
+        return f"{where}: {ids} {values_NLK[row, slot].tolist()}"
+
     if nonzero.first is not None:
-        row, j = nonzero.first
-        slot = dense[j]
         raise RouteValidationError(
-            f"{_where(offsets, row)}, layer {layers[slot]} (slot {slot}, dense): ids "
-            f"{values_NLK[row, slot].tolist()} are non-zero, but a dense layer has no route and "
+            f"{first_pair(nonzero, dense)} are non-zero, but a dense layer has no route and "
             f"must hold zeros; {nonzero.count} row-layer pair(s) affected. The layer axis is "
             "probably shifted or meta.moe_layer_numbers is wrong"
         )
     if outside.first is not None:
-        row, j = outside.first
-        slot = moe_slots[j]
         raise RouteValidationError(
-            f"{_where(offsets, row)}, layer {layers[slot]} (slot {slot}): expert ids "
-            f"{values_NLK[row, slot].tolist()} are outside [0, {E}) for num_experts={E}; "
+            f"{first_pair(outside, moe_slots)} are outside [0, {E}) for num_experts={E}; "
             f"{outside.count} row-layer pair(s) affected. Physical instead of logical ids (E2), "
             "or a wrong num_experts? See `rr explain E2`"
         )
@@ -186,10 +189,7 @@ def check_ids(
                 f"sequence-layer pair(s) affected. Fix the capture{hint}; see `rr explain E1`"
             )
     if repeated.first is not None:
-        row, j = repeated.first
-        slot = moe_slots[j]
         raise RouteValidationError(
-            f"{_where(offsets, row)}, layer {layers[slot]} (slot {slot}): expert ids "
-            f"{values_NLK[row, slot].tolist()} repeat an id; a valid row needs top_k={K} "
+            f"{first_pair(repeated, moe_slots)} repeat an id; a valid row needs top_k={K} "
             f"distinct ids; {repeated.count} row-layer pair(s) affected"
         )
