@@ -4,6 +4,7 @@ order agreement counts the rows whose replayed slots are also in the router's sc
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from rr_core import ReplayController, ReplayError, ReplayMode, router_topk
+from rr_core import (
+    ReplayController,
+    ReplayError,
+    ReplayMode,
+    RouteBatch,
+    RouteMeta,
+    load_routes,
+    read_header,
+    router_topk,
+    save_routes,
+)
 from rr_core.replay.topk import is_topk_set_T
 
 
@@ -128,3 +139,35 @@ def test_order_agreement_counts_the_slot_order_the_set_agreement_ignores(measure
         ctrl.detach()
     assert report.agreement == {1: 1.0}
     assert report.order_agreement == {1: 0.5}
+
+
+def test_the_report_puts_agreement_beside_the_provenance_of_the_routes(tmp_path: Path) -> None:
+    """Routes saved with their engine's provenance, loaded and armed with it: the step report
+    names the engine and its settings beside each layer's agreement, so a drop after an engine
+    upgrade can be attributed."""
+    e, k = 8, 2
+    scores = torch.softmax(torch.randn(5, e, generator=torch.Generator().manual_seed(1)), -1)
+    meta = RouteMeta(num_experts=e, top_k=k, layer_axis="moe_layers", layer_numbers=(1,))
+    ids = scores.topk(k, dim=-1).indices[:, None].to(torch.uint8)
+    provenance = {"engine": "vllm", "engine_version": "0.30.0", "routing_precision": "bfloat16"}
+    path = save_routes(
+        tmp_path / "r.rr", RouteBatch(ids, [0, 5], None, meta), provenance=provenance
+    )
+    header = read_header(path)
+    router = ScoreRouter(1)
+    ctrl = ReplayController(num_experts=e, top_k=k)
+    try:
+        ctrl.attach(nn.ModuleList([router]))
+        ctrl.set_mode(ReplayMode.REPLAY)
+        with pytest.raises(ReplayError, match="provenance must map setting names"):
+            ctrl.arm_batch(0, load_routes(path), provenance=["vllm"])  # type: ignore[arg-type]
+        ctrl.arm_batch(0, load_routes(path), provenance=header.provenance)
+        router(scores, k)
+        report = ctrl.end_step()
+    finally:
+        ctrl.detach()
+    assert report.provenance == (provenance,)
+    assert report.summary().splitlines() == [
+        "layer 1: agreement 1.0000, in order 1.0000",
+        "routes from: engine=vllm, engine_version=0.30.0, routing_precision=bfloat16",
+    ]

@@ -5,11 +5,12 @@ Shapes: T rows the router sees, R armed source rows, L layer slots, K top-k.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from rr_core.checks import check_instance
+from rr_core.checks import check_instance, describe
 from rr_core.errors import ReplayError
 from rr_core.replay.modes import check_hashable, check_routes, layer_numbers_of
 from rr_core.replay.state import Armed, ControllerState
@@ -99,10 +100,25 @@ class Arming(ControllerState):
             replayed_rows=replayed,
         )
 
-    def arm_batch(self, microbatch: Hashable, batch: RouteBatch) -> None:
+    def arm_batch(
+        self,
+        microbatch: Hashable,
+        batch: RouteBatch,
+        *,
+        provenance: Mapping[str, Any] | None = None,
+    ) -> None:
         """Arm a validated :class:`RouteBatch` whose sequences, concatenated, are the tokens the
-        routers see (packed/THD order); rows without a route go to the native router."""
+        routers see (packed/THD order); rows without a route go to the native router.
+        ``provenance``: where the routes came from (a record header's ``provenance``, or
+        ``EngineConfig.provenance()``), shown beside the agreement in the step report."""
         self._check_attached("arm_batch")
+        if provenance is not None and (
+            not isinstance(provenance, Mapping) or not all(isinstance(k, str) for k in provenance)
+        ):
+            raise ReplayError(
+                f"micro-batch {microbatch!r}: provenance must map setting names (str) to values; "
+                f"got {describe(provenance)}"
+            )
         check_instance(
             batch,
             RouteBatch,
@@ -123,12 +139,15 @@ class Arming(ControllerState):
             replay_mask_T=batch.valid_N,
             validate=False,  # a RouteBatch is validated when it is built
         )
+        if provenance is not None:
+            self._provenance[microbatch] = dict(provenance)
 
     def release(self, microbatch: Hashable) -> None:
         """Drop one micro-batch's targets and records without checking them."""
         check_hashable(microbatch)
         self._armed.pop(microbatch, None)
         self._recorded.pop(microbatch, None)
+        self._provenance.pop(microbatch, None)
 
     def _slot_map(self, layer_numbers: tuple[int, ...]) -> tuple[int, ...]:
         slot = {layer: i for i, layer in enumerate(layer_numbers)}

@@ -7,8 +7,9 @@ Shapes: T tokens, L layer slots, K top-k.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,8 +29,23 @@ class StepReport:
 
     agreement: dict[int, float] = field(default_factory=dict)
     order_agreement: dict[int, float] = field(default_factory=dict)
+    #: where the step's armed routes came from (``arm_batch(provenance=)``), each distinct one
+    provenance: tuple[dict[str, Any], ...] = ()
     replayed_microbatches: tuple[Hashable, ...] = ()
     recorded_microbatches: tuple[Hashable, ...] = ()
+
+    def summary(self) -> str:
+        """The agreement per layer next to the provenance of the routes replayed: a jump in
+        disagreement after an engine upgrade shows beside the engine's release and settings."""
+        order = self.order_agreement
+        lines = [
+            f"layer {layer}: agreement {share:.4f}, in order {order.get(layer, 0.0):.4f}"
+            for layer, share in self.agreement.items()
+        ] or ["no row replayed"]
+        for p in self.provenance:
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(p.items()))
+            lines.append(f"routes from: {shown}")
+        return "\n".join(lines)
 
 
 class StepReports(ControllerState):
@@ -95,6 +111,7 @@ class StepReports(ControllerState):
         report = StepReport(
             agreement=self.agreement(),
             order_agreement=self.order_agreement(),
+            provenance=tuple(_distinct(self._provenance.values())),
             replayed_microbatches=tuple(self._armed),
             recorded_microbatches=tuple(self._recorded),
         )
@@ -117,3 +134,11 @@ class StepReports(ControllerState):
         hits_list, total = self._agreement.get(index, ([], 0))
         hits_list.append(hits)
         self._agreement[index] = (hits_list, total + rows)
+
+
+def _distinct(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,6 +56,7 @@ class ControllerState:
     _armed: dict[Hashable, Armed]
     _recorded: dict[Hashable, list[torch.Tensor | None]]
     _agreement: dict[int, tuple[list[torch.Tensor], int]]  # walk index -> (hits, rows)
+    _provenance: dict[Hashable, dict[str, Any]]  # where each armed batch's routes came from
     _forward_mbs: set[Hashable]
     _forward_mb: Hashable | None
     _backward_mb: Hashable | None
@@ -70,6 +72,7 @@ class ControllerState:
         self._armed = {}
         self._recorded = {}
         self._agreement = {}
+        self._provenance = {}
         self._forward_mbs = set()
         self._forward_mb = None
         self._backward_mb = None
