@@ -283,3 +283,42 @@ def test_r3_alignment_mask_and_merge_equal_verls_own(verl_modules: None, seed: i
     )
     with pytest.raises(AlignmentError, match="expected equal lengths or exactly one missing"):
         rv.align_r3_router_replay_data(bad, input_ids)
+
+
+def test_after_install_a_patch_on_verls_own_module_changes_what_rr_does(
+    verl_modules: None, megatron: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's tests (and users' hot-fixes) patch the helpers verl's router_replay_utils imports
+    (the SP scatter, the packing, device_name) on that module. Once install() has put rr's
+    functions there, rr reads those names where verl's code would, so the patch still takes
+    effect; after uninstall rr's own module is what counts again."""
+    from compat_megatron_steps import build, random_targets
+
+    utils = sys.modules[ROUTER_MODULES[1]]
+    model = build()
+    routes = random_targets(6, 4).unsqueeze(0)  # [1, 6, 4, K]
+    calls: list[str] = []
+
+    def pack(x: torch.Tensor, mask: Any, **kw: Any) -> tuple[torch.Tensor, None]:
+        calls.append("pack")
+        return x, None
+
+    rv.install()
+    try:
+        assert utils.set_router_replay_data is rv.set_router_replay_data
+        monkeypatch.setattr(utils, "preprocess_packed_seqs", pack)
+        monkeypatch.setattr(utils, "scatter_to_sequence_parallel_region", lambda x: (x + 1) % 8)
+        monkeypatch.setattr(utils, "device_name", "cpu")
+        utils.set_router_replay_data(routes, None, model.config, model=model)
+        assert calls == ["pack"]
+        for layer, view in rv.iter_model_routers(model):
+            assert torch.equal(view.target_topk_idx, (routes[0, :, layer - 1] + 1) % 8)
+    finally:
+        rv.RouterReplay.clear_global_indices()
+        rv.uninstall()
+    rv.set_router_replay_data(routes, None, model.config, model=model)  # verl's patch ignored
+    assert calls == ["pack"]
+    for layer, view in rv.iter_model_routers(model):
+        assert torch.equal(view.target_topk_idx, routes[0, :, layer - 1])
+    rv.RouterReplay.clear_global_indices()
+    monkeypatch.undo()

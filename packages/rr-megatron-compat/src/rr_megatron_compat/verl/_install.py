@@ -25,7 +25,7 @@ from rr_core import ReplayController, ReplayError
 from rr_core.adapters import Adapter, Attachment
 from rr_core.patching import PATCH_LOCK, Patches, RRWrapper
 from rr_megatron_compat.verl._chunk import release_all
-from rr_megatron_compat.verl._names import current
+from rr_megatron_compat.verl._names import current, forget_as_installed, remember_as_installed
 from rr_megatron_compat.verl._views import register_router, replay_enabled, view_of
 
 #: verl's router-replay modules (verl 0.9.1).
@@ -133,6 +133,7 @@ class VerlAdapter(Adapter):
                 for name, original in self.originals.items():
                     if vars(module).get(name, _MISSING) is original:
                         self.patches.set(module, name, getattr(ours, name))
+            remember_as_installed(sources, {*ours.__all__, *ours.VERL_MODULE_NAMES})
         return tuple(f"{owner.__name__}.{attribute}" for owner, attribute in self.patches)
 
     def _uninstall(self) -> int:
@@ -140,6 +141,7 @@ class VerlAdapter(Adapter):
         after install, which bound rr's names), then the router patch removed."""
         import rr_megatron_compat.verl as ours
 
+        forget_as_installed()
         removed = self.patches.restore()
         for module in _verl_modules() if self.originals else []:
             for name, original in self.originals.items():

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 import rr_core
-import rr_megatron_compat.verl as surface
 from rr_core import LayoutConfig, LayoutError
 from rr_megatron_compat._checks import as_index, check_tensor
 from rr_megatron_compat._layout import layout_config
@@ -73,8 +72,8 @@ def get_current_rank_layer_info(tf_config: Any, vp_rank: int | None = None) -> d
     """``{"start", "end", "count"}``: 0-based decoder layer range of this rank's virtual stage
     (``get_num_layers_to_build`` and ``get_transformer_layer_offset``, as verl composes them)."""
     vp = _vp(layout_config(tf_config), vp_rank)
-    count = int(surface.get_num_layers_to_build(tf_config, vp_stage=vp))
-    start = int(surface.get_transformer_layer_offset(tf_config, vp_stage=vp))
+    count = int(current("get_num_layers_to_build")(tf_config, vp_stage=vp))
+    start = int(current("get_transformer_layer_offset")(tf_config, vp_stage=vp))
     return {"start": start, "end": start + count, "count": count}
 
 

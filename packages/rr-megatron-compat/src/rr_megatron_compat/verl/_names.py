@@ -4,6 +4,8 @@ its module, so replacing one there (a test, a hot-fix) changes what the drop-in 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from types import ModuleType
 from typing import Any, NoReturn
 
 import torch
@@ -14,11 +16,36 @@ from rr_megatron_compat._layout import layout_config
 from rr_megatron_compat._tokens import sp_scatter
 from rr_megatron_compat._wire import all_gather_exact
 
+#: After install(): what each of verl's two router-replay modules held under each of verl's
+#: names once rr's were in place (name -> [(module, value)]). A value there that is not this
+#: one was laid over it since: a test's monkeypatch, a user's hot-fix.
+_AS_INSTALLED: dict[str, list[tuple[ModuleType, Any]]] = {}
+_MISSING = object()
+
 
 def current(name: str) -> Any:
-    """What :mod:`rr_megatron_compat.verl` holds under verl's ``name`` now (Megatron's object
-    by default, or whatever replaced it there)."""
+    """What verl's ``name`` is now: whatever replaced it in one of verl's router-replay modules
+    since :func:`~rr_megatron_compat.verl.install` (so patching verl's module changes what the
+    drop-in does, as it would change verl's own code), else what :mod:`rr_megatron_compat.verl`
+    holds (Megatron's object by default, or whatever replaced it there)."""
+    for module, installed in _AS_INSTALLED.get(name, ()):
+        value = vars(module).get(name, _MISSING)
+        if value is not _MISSING and value is not installed:
+            return value
     return getattr(surface, name)
+
+
+def remember_as_installed(modules: list[ModuleType], names: Iterable[str]) -> None:
+    """Record verl's modules as install() left them (see :data:`_AS_INSTALLED`)."""
+    _AS_INSTALLED.clear()
+    for name in names:
+        held = [(m, vars(m)[name]) for m in modules if name in vars(m)]
+        if held:
+            _AS_INSTALLED[name] = held
+
+
+def forget_as_installed() -> None:
+    _AS_INSTALLED.clear()
 
 
 def get_device_name() -> str:
