@@ -73,7 +73,9 @@ def parallel_state(getter: str, error: type[RRError] = AlignmentError) -> Any:
     ps = import_megatron("megatron.core.parallel_state")
     try:
         return getattr(ps, getter)()
-    except AssertionError as e:  # "... group is not initialized"
+    # "... group is not initialized" (an assertion), or on older lines torch.distributed's
+    # "Default process group has not been initialized" (a ValueError)
+    except (AssertionError, ValueError) as e:
         raise error(
             f"Megatron's parallel state is not set up ({getter}: {e}): call "
             "parallel_state.initialize_model_parallel(...) first, or pass the group"
