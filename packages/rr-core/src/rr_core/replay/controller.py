@@ -33,11 +33,11 @@ from rr_core.replay.state import DEFAULT_MICROBATCH
 from rr_core.replay.topk import (
     TopK,
     in_score_order_T,
-    is_topk_set_T,
     native_ids,
     native_topk,
     replay_topk,
     same_sets_T,
+    topk_set_and_order_T,
 )
 from rr_core.replay.walk import RouterPredicate, decoder_scope, is_router_by_name, walk_routers
 
@@ -273,11 +273,12 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         if self.measure_agreement and not backward:
             if native_TK is not None:
                 agree_T = same_sets_T(out.ids_TK, native_TK)
+                in_order_T = in_score_order_T(scores_TE, out.ids_TK)
             else:
-                agree_T = is_topk_set_T(scores_TE, out.ids_TK)
+                agree_T, in_order_T = topk_set_and_order_T(scores_TE, out.ids_TK)
             if armed.mask_T is not None:
                 agree_T &= armed.mask_T.to(agree_T.device, non_blocking=True)
-            order_T = agree_T & in_score_order_T(scores_TE, out.ids_TK)
+            order_T = agree_T & in_order_T
             self._add_agreement(
                 index, torch.stack((agree_T.sum(), order_T.sum())), armed.replayed_rows
             )

@@ -130,8 +130,7 @@ def in_score_order_T(scores_TE: torch.Tensor, ids_TK: torch.Tensor) -> torch.Ten
     """Per row: are the ids in the order the scores rank them (slot 0 scoring highest; a tie
     either way counts as in order)? The engine's slot order is what anything reading ids by
     position (slot-ordered routing weights, say) relies on."""
-    chosen_TK = scores_TE.detach().gather(-1, ids_TK.to(device=scores_TE.device, dtype=torch.int64))
-    return (chosen_TK[:, :-1] >= chosen_TK[:, 1:]).all(dim=-1)
+    return _in_order_T(_chosen_TK(scores_TE, ids_TK))
 
 
 def is_topk_set_T(scores_TE: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor:
@@ -139,8 +138,27 @@ def is_topk_set_T(scores_TE: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor
     expert outside it score above its lowest member? The native top-k picks exactly this set
     unless another expert ties that lowest score (then either is a top-k set, and this counts
     the row as agreeing). A compare and a count over the scores: no second top-k."""
-    scores_TE = scores_TE.detach()  # off the graph; cheaper than a no_grad block per call
-    chosen_TK = scores_TE.gather(-1, ids_TK.to(device=scores_TE.device, dtype=torch.int64))
+    return _is_topk_set_T(scores_TE.detach(), _chosen_TK(scores_TE, ids_TK))
+
+
+def topk_set_and_order_T(
+    scores_TE: torch.Tensor, ids_TK: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`is_topk_set_T` and :func:`in_score_order_T` from one gather of the scores."""
+    chosen_TK = _chosen_TK(scores_TE, ids_TK)
+    return _is_topk_set_T(scores_TE.detach(), chosen_TK), _in_order_T(chosen_TK)
+
+
+def _chosen_TK(scores_TE: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor:
+    # off the graph (detach is cheaper than a no_grad block per call)
+    return scores_TE.detach().gather(-1, ids_TK.to(device=scores_TE.device, dtype=torch.int64))
+
+
+def _in_order_T(chosen_TK: torch.Tensor) -> torch.Tensor:
+    return (chosen_TK[:, :-1] >= chosen_TK[:, 1:]).all(dim=-1)
+
+
+def _is_topk_set_T(scores_TE: torch.Tensor, chosen_TK: torch.Tensor) -> torch.Tensor:
     floor_T1 = chosen_TK.amin(dim=-1, keepdim=True)
     # .sum over bools, not count_nonzero: the same count, ~3x faster on CPU for small rows
     above_T = (scores_TE > floor_T1).sum(dim=-1)
