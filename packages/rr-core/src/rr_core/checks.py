@@ -110,5 +110,5 @@ def check_sequence(
         for i, item in enumerate(items):
             if not isinstance(item, kinds):
                 names = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
-                raise error(f"{what}[{i}] must be a {names}; got {describe(item)}")
+                raise error(f"{what}[{i}] must be {names}; got {describe(item)}")
     return items
