@@ -35,3 +35,22 @@ def test_an_instance_check_says_what_was_taken_what_came_and_how_to_get_one() ->
     with pytest.raises(AlignmentError) as info:
         check_instance(torch.zeros(2, 3), RouteMeta, AlignmentError, "f takes a RouteMeta", "!")
     assert str(info.value) == "f takes a RouteMeta; got a torch.float32 tensor of shape (2, 3)!"
+
+
+def test_a_bool_tensor_is_no_index_and_a_top_k_takes_only_matching_values() -> None:
+    """Found by the junk sweep: ``k=torch.tensor(True)`` reached torch.topk (an internal
+    assertion there) and ``values_TE=-1`` an AttributeError."""
+    from rr_core import ReplayError, native_topk, replay_topk
+    from rr_core.checks import as_index
+
+    with pytest.raises(AlignmentError, match="k must be an int"):
+        as_index(torch.tensor(True), "k", AlignmentError)
+    assert as_index(torch.tensor(3), "k", AlignmentError) == 3
+    scores = torch.rand(4, 6)
+    with pytest.raises(ReplayError, match="k must be an int"):
+        native_topk(scores, torch.tensor(True))  # type: ignore[arg-type]
+    for values in (-1, torch.rand(4, 5)):
+        with pytest.raises(ReplayError, match="values_TE must be a tensor shaped like"):
+            native_topk(scores, 2, values_TE=values)  # type: ignore[arg-type]
+        with pytest.raises(ReplayError, match="values_TE must be a tensor shaped like"):
+            replay_topk(scores, 2, target_ids_TK=scores.topk(2).indices, values_TE=values)  # type: ignore[arg-type]

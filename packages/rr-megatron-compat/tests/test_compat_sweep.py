@@ -292,3 +292,15 @@ test_entry_point_refuses_junk, test_every_public_name_is_swept_or_named = public
     not_swept=NOT_SWEPT_HERE,
     group=st.one_of(st.none(), ANYTHING),
 )
+
+
+def test_an_empty_payload_goes_over_the_wire() -> None:
+    """Found by the junk sweep: an empty int16 tensor's flat view had stride 0, which
+    ``view(torch.uint8)`` refused (a rank with no rows to gather)."""
+    from rr_megatron_compat._wire import as_wire_bytes, from_wire_bytes
+
+    for t in (torch.zeros(0, 3, 2, dtype=torch.int16), torch.zeros(0, dtype=torch.int64)):
+        wire = as_wire_bytes(t)
+        assert wire.dtype == torch.uint8
+        assert wire.numel() == 0
+        assert torch.equal(from_wire_bytes(wire, t.dtype, tuple(t.shape)), t)

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -350,3 +351,15 @@ test_entry_point_refuses_junk, test_every_public_name_is_swept_or_named = public
     not_swept=NOT_ENTRY_POINTS,
     **VALID,
 )
+
+
+def test_validation_options_are_checked_before_the_ids() -> None:
+    """Found by the junk sweep: a dict or an array as logical_experts reached a numpy compare."""
+    sample = rr_vllm.decode_routes_array(
+        routes(3, 0), META, num_prompt_tokens=2, num_generated_tokens=2
+    )
+    for bad in ({"a": 1}, np.zeros(0), "8", 0):
+        with pytest.raises(rr_vllm.EngineOutputError, match="logical_experts must be an integer"):
+            rr_vllm.validate_samples([sample], META, logical_experts=bad)
+    with pytest.raises(rr_vllm.EngineOutputError, match="allow_physical must be True or False"):
+        rr_vllm.validate_samples([sample], META, allow_physical="yes")  # type: ignore[arg-type]

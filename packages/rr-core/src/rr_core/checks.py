@@ -32,7 +32,7 @@ def describe(value: object) -> str:
 def as_index(value: object, what: str, error: type[RRError]) -> int:
     """``value`` as an int: Python and numpy / torch integer scalars qualify, bools and floats
     do not (``2.0`` would pass comparisons and then index something else)."""
-    if not isinstance(value, bool):
+    if not isinstance(value, bool) and getattr(value, "dtype", None) is not torch.bool:
         try:
             return operator.index(value)  # type: ignore[arg-type]
         except TypeError:

@@ -34,6 +34,8 @@ def as_wire_bytes(t: torch.Tensor) -> torch.Tensor:
             f"route payloads must be integer or bool tensors ({', '.join(map(str, _WIRE_DTYPES))});"
             f" got a {got}; gather route ids, not scores"
         )
+    if t.numel() == 0:  # an empty tensor's flat view can have stride 0, which view() refuses
+        return torch.empty(0, dtype=torch.uint8, device=t.device)
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 

@@ -31,6 +31,10 @@ def as_mapping(value: Any, what: str) -> Mapping[str, Any]:
     return value
 
 
+#: The most tokens a sample or a batch dimension may have (an int32 index).
+MAX_TOKENS = 2**31 - 1
+
+
 def chunks_of(value: Any, what: str) -> Iterable[Any]:
     """The chunks of a stream: a list or an iterator (a mapping, a number or None is none)."""
     array = hasattr(
@@ -75,13 +79,9 @@ def integer(
     return n
 
 
-#: The most tokens a sample or a batch dimension may have (an int32 index).
-MAX_TOKENS = 2**31 - 1
-
-
 def count(value: Any, what: str) -> int:
-    """A token count of an engine answer: an integer >= 0."""
-    return integer(value, what)
+    """A token count of an engine answer: an integer in ``[0, MAX_TOKENS]``."""
+    return integer(value, what, maximum=MAX_TOKENS)
 
 
 def token_count(value: Any, what: str) -> int:

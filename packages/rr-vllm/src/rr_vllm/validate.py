@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rr_core import RouteBatch, RouteMeta, RouteValidationError
+from rr_core.checks import check_flag
 from rr_vllm.errors import EngineOutputError
+from rr_vllm.fields import integer
 
 if TYPE_CHECKING:
     from rr_vllm.samples import SampleRoutes
@@ -118,6 +120,10 @@ def batch_samples(
     from rr_vllm.samples import check_samples  # rr_vllm.samples imports this module
 
     check_all_layers(meta)
+    for name, flag in (("allow_all_zero", allow_all_zero), ("allow_physical", allow_physical)):
+        check_flag(flag, name, EngineOutputError)
+    if logical_experts is not None:
+        logical_experts = integer(logical_experts, "logical_experts", minimum=1)
     present: list[SampleRoutes] = []
     for i, s in enumerate(check_samples(samples, "samples")):
         if s is None:

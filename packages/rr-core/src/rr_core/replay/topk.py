@@ -23,11 +23,11 @@ class TopK(NamedTuple):
 def native_topk(scores_TE: torch.Tensor, k: int, *, values_TE: torch.Tensor | None = None) -> TopK:
     """Plain top-k over ``scores_TE``; values come from ``values_TE`` when given (a router that
     selects on biased scores but weights with unbiased ones)."""
-    _check_scores(scores_TE, k)
+    k = _check_scores(scores_TE, k)
     selected, ids_TK = torch.topk(scores_TE, k, dim=-1)
     if values_TE is None:
         return TopK(selected, ids_TK)
-    return TopK(values_TE.gather(-1, ids_TK), ids_TK)
+    return TopK(_values(values_TE, scores_TE).gather(-1, ids_TK), ids_TK)
 
 
 def native_ids(scores_TE: torch.Tensor, k: int) -> torch.Tensor:
@@ -61,7 +61,7 @@ def replay_topk(
     """
     if target_ids_TK is None:
         return native_topk(scores_TE, k, values_TE=values_TE)
-    _check_scores(scores_TE, k, rows=True)
+    k = _check_scores(scores_TE, k, rows=True)
     if not isinstance(target_ids_TK, torch.Tensor) or target_ids_TK.dtype in _NOT_IDS:
         got = getattr(target_ids_TK, "dtype", type(target_ids_TK).__name__)
         raise ReplayError(f"target_ids_TK must be an integer tensor [T, {k}]; got {got}")
@@ -78,7 +78,7 @@ def replay_topk(
     ):
         got = getattr(replay_mask_T, "shape", type(replay_mask_T).__name__)
         raise ReplayError(f"replay_mask_T must be a bool tensor [T={T}]; got {got}")
-    source_TE = scores_TE if values_TE is None else values_TE
+    source_TE = scores_TE if values_TE is None else _values(values_TE, scores_TE)
     ids_TK = target_ids_TK.to(device=scores_TE.device, dtype=torch.int64, non_blocking=True)
     if replay_mask_T is not None and native_ids_TK is not None:
         mask_T1 = replay_mask_T.to(device=scores_TE.device, non_blocking=True).unsqueeze(-1)
@@ -100,9 +100,18 @@ def replay_topk(
 _NOT_IDS = frozenset({torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
-def _check_scores(scores_TE: torch.Tensor, k: int, *, rows: bool = False) -> None:
-    """O(1) checks so that a wrong call fails with its values, not inside torch.topk. Native
-    top-k takes any leading shape (``[..., E]``); replay needs rows (``[T, E]``)."""
+def _values(values_TE: object, scores_TE: torch.Tensor) -> torch.Tensor:
+    """``values_TE`` (the scores a router weights with) when shaped like ``scores_TE``."""
+    if not isinstance(values_TE, torch.Tensor) or values_TE.shape != scores_TE.shape:
+        got = getattr(values_TE, "shape", type(values_TE).__name__)
+        raise ReplayError(f"values_TE must be a tensor shaped like scores_TE; got {got}")
+    return values_TE
+
+
+def _check_scores(scores_TE: torch.Tensor, k: int, *, rows: bool = False) -> int:
+    """O(1) checks so that a wrong call fails with its values, not inside torch.topk (``k`` as
+    a plain int). Native top-k takes any leading shape (``[..., E]``); replay needs rows
+    (``[T, E]``)."""
     if (
         not isinstance(scores_TE, torch.Tensor)
         or scores_TE.dim() < 1
@@ -114,9 +123,10 @@ def _check_scores(scores_TE: torch.Tensor, k: int, *, rows: bool = False) -> Non
         )
     if scores_TE.dtype is torch.bool or scores_TE.dtype.is_complex:
         raise ReplayError(f"scores_TE must hold real scores; got dtype {scores_TE.dtype}")
-    e = scores_TE.shape[-1]
-    if not 1 <= as_index(k, "k", ReplayError) <= e:
+    e, n = scores_TE.shape[-1], as_index(k, "k", ReplayError)
+    if not 1 <= n <= e:
         raise ReplayError(f"k must be in [1, E={e}]; got {k!r}")
+    return n
 
 
 def same_sets_T(ids_a_TK: torch.Tensor, ids_b_TK: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import numpy as np
 
 from rr_core import RouteMeta, expected_route_rows
 from rr_vllm.errors import EngineOutputError
-from rr_vllm.fields import as_mapping, count, key
+from rr_vllm.fields import as_mapping, count, integer, key
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
 from rr_vllm.samples import IntArray, SampleRoutes, as_rows, decode_rows, sample_of
 from rr_vllm.sglang.versions import SglangFlags, sglang_flags
@@ -70,10 +70,10 @@ def wire_dtype(info: Mapping[str, Any], what: str) -> str | None:
 def sglang_base64_to_array(text: str, num_layers: int, top_k: int) -> IntArray:
     """SGLang's routes string (base64 of raw little-endian int32, no header) as a read-only
     ``[N, num_layers, top_k]`` view."""
-    for name, value in (("num_layers", num_layers), ("top_k", top_k)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise EngineOutputError(f"{name} must be an int >= 1; got {value!r}")
-    return _int32_rows(_b64(text), num_layers, top_k)
+    # a layer or top-k count past 2**16 is no model's (and would overflow the row size)
+    layers = integer(num_layers, "num_layers", minimum=1, maximum=2**16)
+    k = integer(top_k, "top_k", minimum=1, maximum=2**16)
+    return _int32_rows(_b64(text), layers, k)
 
 
 def _check_item_size(nbytes: int, want: int, meta: RouteMeta, what: str) -> None:

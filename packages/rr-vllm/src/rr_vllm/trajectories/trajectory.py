@@ -25,6 +25,7 @@ from typing import Any, Literal
 import numpy as np
 
 from rr_core import RouteMeta, expected_route_rows
+from rr_core.checks import check_choice, check_flag
 from rr_vllm.errors import CaptureError, EngineOutputError
 from rr_vllm.fields import attr, integer, integers
 from rr_vllm.samples import IntArray, SampleRoutes, as_rows
@@ -79,11 +80,8 @@ class Trajectory:
                 f"vLLM {self.flags.version} splits prompt and generation rows and has no "
                 "prompt_start; gather its turns with assemble_multi_turn on the last turn"
             )
-        if not isinstance(omit_cached_prefix, bool) or on_mismatch not in ("count", "raise"):
-            raise CaptureError(
-                f"omit_cached_prefix is a bool and on_mismatch 'count' or 'raise'; got "
-                f"{omit_cached_prefix!r}, {on_mismatch!r}"
-            )
+        check_flag(omit_cached_prefix, "omit_cached_prefix", CaptureError)
+        check_choice(on_mismatch, "on_mismatch", ("count", "raise"), CaptureError)
         if omit_cached_prefix and not (isinstance(session_id, str) and session_id):
             raise CaptureError(
                 "cached-prefix omission (--enable-omit-prefix-routed-experts, vLLM RFC #56402) "
