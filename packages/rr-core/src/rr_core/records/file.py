@@ -82,6 +82,18 @@ def _sample_ids(sample_ids: Sequence[SampleId] | None, count: int) -> list[Sampl
     return check_sample_ids(range(count) if sample_ids is None else sample_ids, count)
 
 
+def producer_fields(producer: object) -> dict[str, str]:
+    """``producer`` (None, or a mapping of strings to strings) as a plain dict."""
+    if producer is not None and not isinstance(producer, Mapping):
+        raise RecordFileError(f"producer must be a mapping of strings; got {describe(producer)}")
+    extra = dict(producer or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+        raise RecordFileError(
+            f"producer must map strings to strings; got {extra!r} (write numbers with str())"
+        )
+    return extra
+
+
 def save_routes(
     path: PathLike,
     routes: RouteBatch | EncodedRoutes,
@@ -100,19 +112,13 @@ def save_routes(
     """
     from safetensors.torch import save
 
-    as_path(path)
+    target = as_path(path)
     if not isinstance(routes, RouteBatch | EncodedRoutes):
         raise RecordFileError(
             "save_routes takes a RouteBatch or the EncodedRoutes encode_routes returns; got "
             f"{describe(routes)}"
         )
-    if producer is not None and not isinstance(producer, Mapping):
-        raise RecordFileError(f"producer must be a mapping of strings; got {describe(producer)}")
-    extra = dict(producer or {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
-        raise RecordFileError(
-            f"producer must map strings to strings; got {extra!r} (write numbers with str())"
-        )
+    extra = producer_fields(producer)
     enc = encode_routes(routes, codec) if isinstance(routes, RouteBatch) else routes
     m = enc.meta
     metadata = {
@@ -137,7 +143,6 @@ def save_routes(
         "offsets": enc.offsets_B1.contiguous().cpu(),
     }
     metadata["checksum"] = _checksum(metadata, tensors)
-    target = as_path(path)
     # The reader's checks, run before writing: rr never writes a file it would refuse to read.
     fields = check_metadata(target, metadata)
     check_entries(target, _entries(tensors), fields)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rr_core.checks import as_index, check_instance, check_sequence, describe
+from rr_core.checks import as_index, check_instance, check_sequence
 from rr_core.codecs.encoding import DEFAULT_CODEC, EncodedRoutes
 from rr_core.errors import RecordFileError
 from rr_core.records.atomic import as_path, atomic_write
@@ -27,6 +27,7 @@ from rr_core.records.file import (
     RecordHeader,
     SampleId,
     decode_record,
+    producer_fields,
     read_header,
     read_record,
     save_routes,
@@ -58,9 +59,9 @@ def write_shard(
 ) -> Path:
     """Write this rank's routes atomically; ``sample_ids`` must be unique across all ranks;
     ``provenance`` as :func:`~rr_core.save_routes` takes it."""
+    rank = as_index(rank, "rank", RecordFileError)
     path = shard_path(directory, rank)  # the arguments checked before anything is created
-    if producer is not None and not isinstance(producer, Mapping):
-        raise RecordFileError(f"producer must be a mapping of strings; got {describe(producer)}")
+    extra = {"rank": str(rank), **producer_fields(producer)}
     takes = "write_shard takes a RouteBatch"
     check_instance(routes, RouteBatch, RecordFileError, takes)
     try:
@@ -69,7 +70,6 @@ def write_shard(
         raise RecordFileError(
             f"{directory}: cannot create the shard directory ({exc.strerror or exc})"
         ) from exc
-    extra = {"rank": str(as_index(rank, "rank", RecordFileError)), **(producer or {})}
     return save_routes(
         path,
         routes,
