@@ -26,7 +26,7 @@ from torch import nn
 import rr_transformers
 from rr_core import ReplayController, ReplayMode, RouteBatch, RouteMeta, router_topk
 from rr_fakes.pytest_support import settles
-from rr_fakes.sweeps import JUNK, SWEEP, public_api_tests
+from rr_fakes.sweeps import JUNK, SWEEP, adapter_refuses, public_api_tests
 from rr_transformers import arm_routes, routes_for_packed, routes_for_padded
 
 E, K, L = 6, 2, 2
@@ -159,12 +159,7 @@ def test_arm_routes(data: st.DataObject, batch: RouteBatch, mb: Any, both: bool)
 def test_attach_arguments(controller: Any, model: str, score: Any, force: Any) -> None:
     ctrl = ReplayController(num_experts=E, top_k=K) if controller == "real" else controller
     the_model: Any = {"module": nn.Linear(2, 2), "none": None, "str": "m", "list": [None]}[model]
-    ok, _ = settles(rr_transformers.attach, ctrl, the_model, score_function=score)
-    assert not ok  # none of these is a transformers MoE model
-    settles(rr_transformers.detach, ctrl)
-    if not isinstance(force, bool):
-        ok, _ = settles(rr_transformers.install, force=force)
-        assert not ok
+    adapter_refuses(rr_transformers, ctrl, the_model, force, score_function=score)
 
 
 #: The entry points the sweeps above drive with generated batches and layouts, checking their

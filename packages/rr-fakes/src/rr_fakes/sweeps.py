@@ -18,7 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-__all__ = ["ANYTHING", "JUNK", "SWEEP", "arrays", "junk_calls", "public_api_tests", "tensors"]
+__all__ = [
+    "ANYTHING", "JUNK", "SWEEP", "adapter_refuses", "arrays", "junk_calls", "public_api_tests",
+    "tensors",
+]  # fmt: skip
 
 SWEEP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -129,3 +132,19 @@ def public_api_tests(
         assert sorted(named) == sorted(public), set(named) ^ set(public)
 
     return refuses_junk, names_every_public_name
+
+
+def adapter_refuses(
+    adapter: ModuleType, controller: Any, model: Any, force: Any, **options: Any
+) -> None:
+    """An adapter's module functions on a ``model`` without routers (or not a model at all):
+    ``attach`` refuses with an rr error, ``detach`` settles, and ``install`` refuses a ``force``
+    that is not a bool."""
+    from rr_fakes.pytest_support import settles
+
+    ok, _ = settles(adapter.attach, controller, model, **options)
+    assert not ok  # no model here has a router
+    settles(adapter.detach, controller)
+    if not isinstance(force, bool):
+        ok, _ = settles(adapter.install, force=force)
+        assert not ok
