@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -127,6 +129,30 @@ def test_dense_slots_and_invalid_rows_cost_nothing() -> None:
     V = int(batch.valid_N.sum())
     assert encode_routes(batch, "packed").payload.numel() == math.ceil(V * 2 * 4 * 6 / 8)
     assert encode_routes(full, "packed").payload.numel() == 12 * 2 * 4 * 6 // 8
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_pickles_small_and_round_trips(codec: str) -> None:
+    """A batch pickled alone (one agent-loop sample, one Ray message) carries its arrays with
+    little besides: its tensors go as numpy arrays, not torch's per-tensor archives."""
+    batch = random_batch(np.random.default_rng(2), 128, 8, lengths=[3, 5], layers=4)
+    enc = encode_routes(batch, codec)
+    data = pickle.dumps(enc)
+    back = pickle.loads(data)
+    assert torch.equal(decode_routes(back).values_NLK, decode_routes(enc).values_NLK)
+    assert back.codec == enc.codec
+    assert back.meta == enc.meta
+    assert back.num_rows == enc.num_rows
+    as_torch_pickles = len(pickle.dumps([enc.offsets_B1, enc.valid_bits, enc.payload]))
+    assert len(data) < as_torch_pickles
+    buffers: list[pickle.PickleBuffer] = []  # out of band, read-only on arrival (as Ray does)
+    framed = pickle.dumps(enc, protocol=5, buffer_callback=buffers.append)
+    assert buffers
+    sealed = [memoryview(b).toreadonly() for b in buffers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns on a tensor over a read-only array
+        arrived = pickle.loads(framed, buffers=sealed)
+    assert torch.equal(decode_routes(arrived).values_NLK, decode_routes(enc).values_NLK)
 
 
 def test_decode_targets_a_device() -> None:

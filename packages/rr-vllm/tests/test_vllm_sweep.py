@@ -314,8 +314,9 @@ SWEPT_WITH_JUNK = (
     "check_verl_replayable", "concat_verl_routes", "decode_r3v1", "decode_sglang_openai",
     "decode_sglang_stream", "decode_trtllm_output", "decode_trtllm_routes", "decode_vllm_http",
     "decode_vllm_stream", "explain_store_errors", "flatten_completions", "is_store_eviction",
-    "max_new_tokens", "pack_batch_for_verl", "pack_for_verl", "read_r3v1_header",
-    "routes_store_max_bytes", "sglang_engine_config", "sglang_flags", "sglang_request_fields",
+    "max_new_tokens", "moe_layer_numbers", "pack_batch_for_verl", "pack_for_verl",
+    "read_r3v1_header", "route_meta_of", "routes_store_max_bytes", "sglang_engine_config",
+    "sglang_flags", "sglang_request_fields",
     "to_verl_nested", "to_verl_padded", "truncate_response", "unreplayable_rows",
     "vllm_engine_args", "vllm_engine_config", "vllm_sampling_fields", "installed_vllm_version",
 )  # fmt: skip
@@ -341,6 +342,18 @@ VALID = {
     "attempts": st.one_of(st.lists(st.one_of(st.none(), samples()), max_size=2), ANYTHING),
     "num_prompt_tokens": st.one_of(st.integers(-1, 6), ANYTHING),
     "num_generated_tokens": st.one_of(st.integers(-1, 6), ANYTHING),
+    "config": st.one_of(
+        st.fixed_dictionaries(
+            {"num_hidden_layers": st.integers(0, 4), "num_experts": st.integers(0, 9)},
+            optional={
+                "num_experts_per_tok": st.integers(0, 3),
+                "mlp_only_layers": st.one_of(st.lists(st.integers(-1, 4)), ANYTHING),
+                "first_k_dense_replace": st.one_of(st.integers(-1, 4), ANYTHING),
+                "decoder_sparse_step": st.one_of(st.integers(0, 3), ANYTHING),
+            },
+        ),
+        ANYTHING,
+    ),
 }
 
 

@@ -13,6 +13,8 @@ from .assemble import (
 from .capture import (
     ModelGeometry as ModelGeometry,
     max_new_tokens as max_new_tokens,
+    moe_layer_numbers as moe_layer_numbers,
+    route_meta_of as route_meta_of,
 )
 from .engine_config import (
     EngineConfig as EngineConfig,

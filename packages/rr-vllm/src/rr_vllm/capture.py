@@ -4,7 +4,7 @@ a sample within the trainer's lengths. The engine-specific fields are in each en
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +17,18 @@ _EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num
 _TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "top_k")
 
 
+def _optional(config: Any, key: str) -> Any:
+    return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+
+
+def _text_config(config: Any) -> Any:
+    text = config.get("text_config") if isinstance(config, Mapping) else None
+    return text if text is not None else getattr(config, "text_config", None) or config
+
+
 def _field(config: Any, keys: tuple[str, ...], what: str) -> int:
     for key in keys:
-        value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+        value = _optional(config, key)
         if value is not None:
             return integer(value, f"the model config's {key}", error=CaptureError, minimum=1)
     raise CaptureError(f"the model config has no {what} (looked for {', '.join(keys)})")
@@ -56,10 +65,8 @@ class ModelGeometry:
     def from_hf_config(cls, config: Any) -> ModelGeometry:
         """From a Hugging Face config (object or dict; a multimodal config's ``text_config``
         is used when present). ``layer_types`` with more than one kind means hybrid."""
-        text = config.get("text_config") if isinstance(config, Mapping) else None
-        text = text if text is not None else getattr(config, "text_config", None) or config
-        kinds = text.get("layer_types") if isinstance(text, Mapping) else None
-        kinds = kinds if kinds is not None else getattr(text, "layer_types", None)
+        text = _text_config(config)
+        kinds = _optional(text, "layer_types")
         return cls(
             num_hidden_layers=_field(text, ("num_hidden_layers",), "num_hidden_layers"),
             num_experts=_field(text, _EXPERT_KEYS, "expert count"),
@@ -81,6 +88,64 @@ class ModelGeometry:
             top_k=meta.top_k,
             hybrid_attention=hybrid_attention,
         )
+
+
+def _layers_listed(config: Any, key: str, layers: int) -> set[int] | None:
+    value = _optional(config, key)
+    if value is None:
+        return None
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise CaptureError(
+            f"the model config's {key} must be a list of 0-based layer indices; got "
+            f"{type(value).__name__}"
+        )
+    what = f"the model config's {key}"
+    return {integer(i, what, error=CaptureError, maximum=layers - 1) for i in value}
+
+
+def _step(config: Any, key: str, default: int, minimum: int) -> int:
+    value = _optional(config, key)
+    if value is None:
+        return default
+    return integer(value, f"the model config's {key}", error=CaptureError, minimum=minimum)
+
+
+def moe_layer_numbers(config: Any) -> tuple[int, ...]:
+    """The 1-based decoder layers of a Hugging Face config (object or dict) that route to
+    experts, by the rule each family's modelling code applies: ``moe_layers`` (an explicit
+    0-based list), else ``mlp_only_layers`` and ``decoder_sparse_step`` (Qwen2-MoE, Qwen3-MoE,
+    Qwen3-Next) with ``first_k_dense_replace`` and ``moe_layer_freq`` (DeepSeek-V2/V3,
+    GLM-4-MoE, Kimi); every layer where none is set (Mixtral, OLMoE, GPT-OSS)."""
+    text = _text_config(config)
+    layers = _field(text, ("num_hidden_layers",), "num_hidden_layers")
+    found = _layers_listed(text, "moe_layers", layers)
+    if found is None:
+        dense = _layers_listed(text, "mlp_only_layers", layers) or set()
+        step = _step(text, "decoder_sparse_step", 1, 1)
+        first = _step(text, "first_k_dense_replace", 0, 0)
+        freq = _step(text, "moe_layer_freq", 1, 1)
+        found = {
+            i
+            for i in range(first, layers)
+            if i not in dense and (i + 1) % step == 0 and i % freq == 0
+        }
+    if not found:
+        raise CaptureError(f"the model config leaves none of its {layers} decoder layers MoE")
+    return tuple(i + 1 for i in sorted(found))
+
+
+def route_meta_of(config: Any) -> RouteMeta:
+    """The :class:`~rr_core.RouteMeta` of what vLLM and SGLang return for a model with this
+    Hugging Face config (object or dict): every decoder layer on the ``all_layers`` axis, the
+    dense ones (:func:`moe_layer_numbers`) holding no route."""
+    geometry = ModelGeometry.from_hf_config(config)
+    return RouteMeta(
+        num_experts=geometry.num_experts,
+        top_k=geometry.top_k,
+        layer_axis="all_layers",
+        layer_numbers=tuple(range(1, geometry.num_hidden_layers + 1)),
+        moe_layer_numbers=moe_layer_numbers(config),
+    )
 
 
 def check_geometry(value: object, where: str) -> ModelGeometry:

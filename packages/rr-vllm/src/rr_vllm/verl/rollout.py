@@ -1,0 +1,288 @@
+"""verl's rollout side through rr: :data:`ADAPTER` (``rr_vllm.verl.install()``).
+
+verl 0.9.1 widens each agent-loop sample's engine rows to int16 and pads them to
+``[1, prompt_length + response_length, L, K]`` (``AgentLoopWorker._agent_loop_postprocess``),
+stacks them into the batch the agent-loop worker hands the trainer (``_postprocess``) and cuts
+that to the jagged tensor its engines read (``left_right_2_no_padding``), checking nothing on
+the way. Installed, rr takes both ends:
+
+- **the agent loop**: each sample's rows are validated as the agent loop hands them over (shape
+  against the model's config, ids in range, K distinct ids, empty dense slots, no all-zero
+  capture; rows missing at the end only where no trained token follows them) and stored compact,
+  one one-sample :class:`~rr_vllm.VerlRoutes` per sample in the batch's non-tensor field
+  :data:`FIELD` (an object array, so verl's reorder, balance, split and concat carry it along);
+- **the trainer's batch**: ``left_right_2_no_padding`` returns verl's own jagged int16
+  ``routed_experts`` from them, checked sample by sample against the batch's token counts.
+
+Shapes: B samples, P prompt and G response tokens of a sample (T = P + G), N rows the engine
+returned, L decoder layers, K top-k.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from rr_core import AlignmentError, ReplayError, RouteMeta, decode_routes_into
+from rr_core.adapters import Adapter, Attachment
+from rr_core.buffers import zeros
+from rr_core.codecs.encoding import check_codec
+from rr_vllm.capture import route_meta_of
+from rr_vllm.errors import EngineOutputError
+from rr_vllm.fields import token_count
+from rr_vllm.samples import SampleRoutes, as_rows
+from rr_vllm.verl.routes import VERL_DTYPE, VerlRoutes, pack_for_verl
+
+#: The non-tensor field of verl's batch that carries each sample's compact routes.
+FIELD = "rr_routes"
+#: The verl releases whose agent loop and padding rr hooks (``install(force=True)`` passes
+#: another one).
+VERL_ROLLOUT_SPECIFIER = ">=0.9.1,<0.10"
+AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
+PADDING = "verl.workers.utils.padding"
+
+
+def compact_sample(output: Any, meta: RouteMeta, *, codec: str = "packed") -> VerlRoutes:
+    """One agent-loop output's routes as a one-sample :class:`~rr_vllm.VerlRoutes`.
+
+    ``output`` is what verl's agent loops build (``AgentLoopOutput``: ``prompt_ids``,
+    ``response_ids``, ``response_mask`` and the engine's ``routed_experts`` ``[N, L, K]``, rows
+    from the prompt's first token on). N is ``T - 1`` after one generation (the last sampled
+    token was never routed), T when verl cut the response (``response_length``) and fewer when a
+    multi-turn trajectory ends in tokens the engine never saw (tool output): rows from N on carry
+    no route, which is refused where a trained token (``response_mask`` 1) follows them, since
+    verl would replay expert 0 there and that changes the trained token's log-prob."""
+    what = "the agent loop's routed_experts"
+    p = token_count(output.prompt_ids, "the agent loop's prompt_ids")
+    g = token_count(output.response_ids, "the agent loop's response_ids")
+    mask = np.asarray(output.response_mask)
+    if mask.shape != (g,):
+        raise AlignmentError(
+            f"the agent loop's response_mask has shape {mask.shape}; expected ({g},), one entry "
+            "per response token"
+        )
+    rows = as_rows(output.routed_experts, what)
+    n, t = rows.shape[0], p + g
+    shape = (len(meta.layer_numbers), meta.top_k)
+    if rows.shape[1:] != shape:
+        raise EngineOutputError(
+            f"{what} has shape {rows.shape}; the model's config says [rows, {shape[0]}, "
+            f"{shape[1]}] (every decoder layer, top-{meta.top_k}): routes of another model?"
+        )
+    if n > t:
+        raise AlignmentError(
+            f"{what} has {n} rows for a sample of {t} tokens (P={p}, G={g}): more rows than "
+            "tokens, so rows and tokens cannot line up"
+        )
+    _check_trained_tail(n, p, mask, what)
+    routes_TLK = np.zeros((t, *shape), dtype=rows.dtype)
+    routes_TLK[:n] = rows
+    valid_T = np.zeros(t, dtype=bool)
+    valid_T[:n] = True
+    sample = SampleRoutes(
+        routes_TLK=routes_TLK,
+        valid_T=valid_T,
+        num_prompt_tokens=p,
+        prompt_start=0,
+        finish_reason=None,
+    )
+    return pack_for_verl([sample], meta, codec=codec)
+
+
+def _check_trained_tail(n: int, p: int, mask: np.ndarray, what: str) -> None:
+    """Row i routes token i, whose output predicts token i + 1: a routeless row from n on
+    changes a trained log-prob iff a response token after position n has mask 1."""
+    later = mask[max(0, n + 1 - p) :]
+    trained = np.flatnonzero(later)
+    if trained.size:
+        first = p + max(0, n + 1 - p) + int(trained[0])
+        raise EngineOutputError(
+            f"{what} has {n} rows, so tokens {n}..{p + mask.size - 1} carry no route, but token "
+            f"{first} (a trained response token, response_mask 1) is predicted from them: verl "
+            "would replay expert 0 there. The engine's routes must cover the trajectory up to "
+            "its last generated token (pass the last turn's routed_experts)"
+        )
+
+
+def expand_samples(
+    parts: Sequence[VerlRoutes | None],
+    offsets_B1: torch.Tensor,
+    trained_B: torch.Tensor,
+    *,
+    device: torch.device | str | None = None,
+) -> torch.Tensor | None:
+    """The jagged ``[B, j, L, K]`` int16 ``routed_experts`` of one-sample routes (None where a
+    sample has none), laid on the batch's rows (``offsets_B1``, the jagged ``input_ids``'
+    offsets), equal to verl's own tensor. None when no sample has routes; a sample without
+    routes is refused where it has trained tokens (``trained_B``), and left zero otherwise."""
+    b = len(parts)
+    lengths = offsets_B1.diff().tolist()
+    if len(lengths) != b or trained_B.shape != (b,):
+        raise AlignmentError(
+            f"{b} samples of routes for a batch of {len(lengths)} sequences and "
+            f"{tuple(trained_B.shape)} response masks"
+        )
+    present = [(i, p) for i, p in enumerate(parts) if p is not None]
+    if not present:
+        return None
+    meta = present[0][1].meta
+    for i, part in enumerate(parts):
+        if part is None:
+            if bool(trained_B[i]):
+                raise EngineOutputError(
+                    f"sample {i} of the batch has no routes but trained response tokens, while "
+                    f"{len(present)} of {b} samples have routes: the engine returned none for it"
+                    " (an aborted or preempted request?). Drop the sample or re-roll it"
+                )
+        elif part.num_samples != 1 or part.meta != meta or part.lengths[0] != lengths[i]:
+            raise AlignmentError(
+                f"sample {i}: routes of {part.num_samples} samples, T={list(part.lengths)}, meta "
+                f"{part.meta}; the batch's sequence has {lengths[i]} tokens and sample "
+                f"{present[0][0]}'s meta is {meta}: every sample must be one agent-loop sample "
+                "of one model"
+            )
+    dev = offsets_B1.device if device is None else torch.device(device)
+    out_NLK = zeros((int(offsets_B1[-1]), len(meta.layer_numbers), meta.top_k), VERL_DTYPE, dev)
+    starts = offsets_B1.tolist()
+    for i, part in present:
+        decode_routes_into(part.encoded, out_NLK[starts[i] : starts[i + 1]])
+    return torch.nested.nested_tensor_from_jagged(out_NLK, offsets_B1.to(dev, torch.int64))
+
+
+# -- the hooks -----------------------------------------------------------------------------------
+
+
+def _compact_in_agent_loop(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``_agent_loop_postprocess(output, validate, **kwargs)`` on a copy of ``output`` whose
+    routes moved into ``extra_fields`` (which verl turns into the batch's non-tensor fields), so
+    verl's int16 copy is never built."""
+    args = list(args)
+    output = args[0] if args else kwargs["output"]
+    if getattr(output, "routed_experts", None) is not None:
+        routes = compact_sample(output, _meta_of(instance), codec=ADAPTER.codec)
+        output = output.model_copy(
+            update={"routed_experts": None, "extra_fields": {**output.extra_fields, FIELD: routes}}
+        )
+        if args:
+            args[0] = output
+        else:
+            kwargs["output"] = output
+    return wrapped(*args, **kwargs)
+
+
+def _meta_of(worker: Any) -> RouteMeta:
+    config = getattr(getattr(worker, "model_config", None), "hf_config", None)
+    if config is None:
+        raise ReplayError(
+            "rr reads the model's geometry from the agent-loop worker's model_config.hf_config "
+            f"(verl's HFModelConfig); {type(worker).__name__} has none"
+        )
+    return route_meta_of(config)
+
+
+def _expand_for_trainer(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``left_right_2_no_padding(data)`` with the compact routes taken out first and verl's
+    jagged ``routed_experts`` put in from them."""
+    data = args[0] if args else kwargs["data"]
+    keys = data.keys()  # a TensorDict refuses `in` on itself
+    if FIELD not in keys:
+        return wrapped(*args, **kwargs)
+    parts = _items(data.pop(FIELD), data.batch_size[0])
+    if "routed_experts" in keys and any(p is not None for p in parts):
+        raise ReplayError(
+            "the batch holds the rollout's routes (R3) and routed_experts recorded by the "
+            "trainer (R2) at once: enable one of router_replay.mode='R2' and "
+            "enable_rollout_routing_replay"
+        )
+    trained_B = data["response_mask"].bool().any(dim=-1)
+    out = wrapped(*args, **kwargs)
+    routes = expand_samples(parts, out["input_ids"].offsets(), trained_B)
+    if routes is not None:
+        out["routed_experts"] = routes
+    return out
+
+
+def _items(value: Any, size: int) -> list[Any]:
+    """The per-sample objects of a TensorDict's non-tensor entry (a stack, or one value that
+    tensordict keeps once when every sample holds the same, such as None)."""
+    if hasattr(value, "tolist"):
+        items = list(value.tolist())
+    else:
+        items = [getattr(value, "data", value)] * size
+    if len(items) != size:
+        raise AlignmentError(f"{FIELD} holds {len(items)} samples; the batch has {size}")
+    for i, item in enumerate(items):
+        if item is not None and not isinstance(item, VerlRoutes):
+            raise EngineOutputError(
+                f"{FIELD}[{i}] is a {type(item).__name__}; rr stores a VerlRoutes or None there"
+            )
+    return items
+
+
+# -- the adapter ---------------------------------------------------------------------------------
+
+
+class VerlRolloutAdapter(Adapter):
+    """verl's agent loop and its padding switched to rr's compact routes. There are no routers
+    on this side: the trainer's are attached by the trainer's adapter
+    (:mod:`rr_megatron_compat.verl`, :mod:`rr_transformers.verl`)."""
+
+    name = "verl-rollout"
+    module = "rr_vllm.verl"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.codec = "packed"
+
+    def install(self, *, force: bool = False, codec: str = "packed") -> tuple[str, ...]:
+        """Hook verl's agent loop and padding; ``codec`` is the payload each sample is stored in
+        (``raw``, ``packed`` or ``set``; see :mod:`rr_core.codecs`). Idempotent."""
+        self.codec = check_codec(codec)
+        return super().install(force=force)
+
+    def check_dependencies(self, *, force: bool) -> None:
+        if importlib.util.find_spec("verl") is None:
+            raise ReplayError(f"{self.module}.install() hooks verl, and verl is not installed")
+        version = Version(importlib.metadata.version("verl"))
+        if not force and version not in SpecifierSet(VERL_ROLLOUT_SPECIFIER):
+            raise ReplayError(
+                f"verl {version} is outside the tested range {VERL_ROLLOUT_SPECIFIER}; "
+                f"{self.module}.install(force=True) hooks it anyway"
+            )
+
+    def _install(self, *, force: bool) -> tuple[str, ...]:
+        if not self.patches.in_place():
+            self.patches.restore()
+            worker = importlib.import_module(AGENT_LOOP).AgentLoopWorker
+            self.patches.wrap(worker, "_agent_loop_postprocess", _compact_in_agent_loop)
+            padding = importlib.import_module(PADDING)
+            theirs = padding.left_right_2_no_padding
+            ours = self.patches.wrap(padding, "left_right_2_no_padding", _expand_for_trainer)
+            for name, module in list(sys.modules.items()):  # `from ... import` copies (verl's
+                if (  # PPO trainer has one)
+                    name.startswith("verl.")
+                    and module is not padding
+                    and vars(module).get("left_right_2_no_padding") is theirs
+                ):
+                    self.patches.set(module, "left_right_2_no_padding", ours)
+        return tuple(f"{getattr(o, '__name__', o)}.{a}" for o, a in self.patches)
+
+    def _attach(self, *args: Any, **kwargs: Any) -> Attachment:
+        raise ReplayError(
+            "the rollout side has no routers to attach: attach the trainer's model with "
+            "rr_megatron_compat.verl or rr_transformers.verl"
+        )
+
+
+ADAPTER = VerlRolloutAdapter()
+install = ADAPTER.install
+uninstall, is_installed, attach, detach = ADAPTER.module_functions()[1:]

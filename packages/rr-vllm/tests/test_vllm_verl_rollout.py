@@ -1,0 +1,389 @@
+"""``rr_vllm.verl.install()``: verl 0.9.1's own agent-loop and padding code, unchanged, with rr's
+compact routes between them. The engine's rows go in as verl's vLLM server hands them to its
+agent loop; what comes out of ``left_right_2_no_padding`` is compared with verl's own path on the
+same rows (bit for bit; ``set`` sorts each row's ids), and every fault verl lets through raises.
+The model's geometry is read from real transformers configs, checked against the real models.
+
+Skipped where verl cannot be imported (the ``verl`` nox session has it)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import rr_vllm.verl as rollout
+from rr_core import CODECS, AlignmentError, ReplayController, ReplayError, RouteValidationError
+from rr_fakes.engines import VllmEra, vllm_request_output
+from rr_vllm import EngineOutputError, VerlRoutes, moe_layer_numbers, route_meta_of
+from vllm_testing import distinct_routes
+
+SHAPES = [(5, 4), (3, 1), (7, 6), (2, 8), (6, 3)]  # (P, G) of each sample
+PROMPT_LENGTH, RESPONSE_LENGTH = 8, 9
+
+
+@pytest.fixture(scope="module")
+def verl() -> SimpleNamespace:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # megatron's fallbacks without apex / TE
+            from rr_fakes.megatron import megatron_cpu
+
+            with megatron_cpu():
+                from verl.experimental.agent_loop import agent_loop
+                from verl.workers.utils import padding
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+        from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig
+    except Exception as e:  # verl or one of its imports is missing
+        pytest.skip(f"verl 0.9.1 is not importable here ({type(e).__name__}: {e})")
+    return SimpleNamespace(
+        agent_loop=agent_loop,
+        padding=padding,
+        config=Qwen3MoeConfig(  # 5 layers, the first dense; top-4 of 16
+            num_hidden_layers=5, num_experts=16, num_experts_per_tok=4, mlp_only_layers=[0]
+        ),
+        tokenizer=PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer(WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]")),
+            pad_token="[PAD]",
+        ),
+    )
+
+
+@contextmanager
+def rr(codec: str = "packed") -> Iterator[None]:
+    rollout.install(codec=codec)
+    try:
+        yield
+    finally:
+        rollout.uninstall()
+
+
+@pytest.fixture
+def installed(verl: SimpleNamespace) -> Iterator[None]:
+    with rr():
+        yield
+
+
+def engine_rows(
+    verl: SimpleNamespace, shapes: list[tuple[int, int]], config: Any = None
+) -> list[np.ndarray]:
+    """What verl's vLLM server hands its agent loop: ``outputs[0].routed_experts`` (uint8)."""
+    meta = route_meta_of(verl.config if config is None else config)
+    return [
+        vllm_request_output(
+            VllmEra.V0_22,
+            prompt_ids=list(range(2, 2 + p)),
+            generated_ids=list(range(2, 2 + g)),
+            routes_TLK=distinct_routes(meta, p + g - 1, seed=i),
+            num_experts=meta.num_experts,
+            use_real_vllm=False,
+        )
+        .outputs[0]
+        .routed_experts
+        for i, (p, g) in enumerate(shapes)
+    ]
+
+
+def outputs(
+    verl: SimpleNamespace,
+    shapes: list[tuple[int, int]],
+    rows: list[Any] | None = None,
+    masks: list[list[int]] | None = None,
+    config: Any = None,
+) -> list[Any]:
+    al = verl.agent_loop
+    rows = engine_rows(verl, shapes, config) if rows is None else rows
+    return [
+        al.AgentLoopOutput(
+            prompt_ids=list(range(2, 2 + p)),
+            response_ids=list(range(2, 2 + g)),
+            response_mask=[1] * g if masks is None else masks[i],
+            routed_experts=rows[i],
+            metrics=al.AgentLoopMetrics(),
+        )
+        for i, (p, g) in enumerate(shapes)
+    ]
+
+
+def agent_loop_batch(
+    verl: SimpleNamespace,
+    samples: list[Any],
+    config: Any = None,
+    lengths: tuple[int, int] = (PROMPT_LENGTH, RESPONSE_LENGTH),
+) -> Any:
+    """verl's DataProto path on an ``AgentLoopWorker`` holding what it reads: per sample
+    ``_agent_loop_postprocess``, then ``_postprocess`` (what the worker returns by Ray)."""
+    worker = object.__new__(verl.agent_loop.AgentLoopWorker)
+    worker.tokenizer = verl.tokenizer
+    worker.processor = None
+    worker.mm_processor_kwargs = None
+    worker.reward_loop_worker_handles = None
+    worker.distillation_enabled = False
+    worker.model_config = SimpleNamespace(hf_config=verl.config if config is None else config)
+    worker.rollout_config = SimpleNamespace(prompt_length=lengths[0], response_length=lengths[1])
+
+    async def each() -> list[Any]:
+        return [
+            await worker._agent_loop_postprocess(o, validate=False, raw_prompt=[]) for o in samples
+        ]
+
+    return worker._postprocess(asyncio.run(each()))
+
+
+def trainer_batch(verl: SimpleNamespace, proto: Any) -> Any:
+    """What verl's PPO trainer sends its engines: ``to_tensordict`` then
+    ``left_right_2_no_padding``, as ``RayPPOTrainer._compute_old_log_prob`` does."""
+    return verl.padding.left_right_2_no_padding(proto.to_tensordict())
+
+
+def theirs_and_ours(
+    verl: SimpleNamespace,
+    shapes: list[tuple[int, int]],
+    codec: str = "packed",
+    lengths: tuple[int, int] = (PROMPT_LENGTH, RESPONSE_LENGTH),
+    **kw: Any,
+) -> tuple[Any, Any]:
+    """The same engine rows through verl's path, then through it with rr installed."""
+    config = kw.get("config")
+    theirs = agent_loop_batch(verl, outputs(verl, shapes, **kw), config, lengths)
+    with rr(codec):
+        ours = agent_loop_batch(verl, outputs(verl, shapes, **kw), config, lengths)
+    return theirs, ours
+
+
+def as_codec(values: torch.Tensor, codec: str) -> torch.Tensor:
+    return values.sort(dim=-1).values if codec == "set" else values
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_trainer_tensor_equals_verls_own(verl: SimpleNamespace, codec: str) -> None:
+    theirs, ours = theirs_and_ours(verl, SHAPES, codec)
+    assert "routed_experts" in theirs.batch.keys()  # noqa: SIM118 (a TensorDict refuses `in`)
+    assert "routed_experts" not in ours.batch.keys()  # noqa: SIM118 (stored compact, per sample)
+    parts = ours.non_tensor_batch[rollout.FIELD]
+    assert all(isinstance(p, VerlRoutes) and p.codec == codec for p in parts)
+    mine = verl.padding.left_right_2_no_padding
+    with rr(codec):
+        assert verl.padding.left_right_2_no_padding is not mine
+        a = trainer_batch(verl, theirs)["routed_experts"]
+        b = trainer_batch(verl, ours)
+    assert rollout.FIELD not in b.keys()  # noqa: SIM118 (the engines get verl's tensor alone)
+    b = b["routed_experts"]
+    assert b.is_nested
+    assert b.dtype == a.dtype == torch.int16
+    assert torch.equal(b.offsets(), a.offsets().to(torch.int64))
+    assert torch.equal(b.values(), as_codec(a.values(), codec))
+
+
+def test_verls_reorder_and_split_carry_the_routes(verl: SimpleNamespace) -> None:
+    """verl balances the batch across ranks (``reorder``) and splits it (``chunk``): the
+    per-sample routes move with their samples."""
+    theirs, ours = theirs_and_ours(verl, SHAPES)
+    order = torch.tensor([3, 0, 4, 2, 1])
+    for proto in (theirs, ours):
+        proto.reorder(order)
+    for a, b in zip(theirs.chunk(5)[1:3], ours.chunk(5)[1:3], strict=True):
+        with rr():
+            want, got = trainer_batch(verl, a), trainer_batch(verl, b)
+        assert torch.equal(got["routed_experts"].values(), want["routed_experts"].values())
+
+
+@pytest.mark.parametrize(("codec", "share"), [("raw", 0.55), ("packed", 0.35), ("set", 0.25)])
+def test_fewer_bytes_from_the_agent_loop_to_the_trainer(
+    verl: SimpleNamespace, codec: str, share: float
+) -> None:
+    """The batch an agent-loop worker returns by Ray, pickled, on a Qwen3-30B-A3B geometry (48
+    layers, top-8 of 128): verl's padded int16 tensor against one compact payload per sample,
+    which holds only the rows of real tokens (raw: uint8 ids; packed: 7 bits; set: a bitmap
+    per row)."""
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(num_hidden_layers=48, num_experts=128, num_experts_per_tok=8)
+    shapes = [(40, 100), (64, 20), (10, 128), (33, 77)]
+    theirs, ours = theirs_and_ours(verl, shapes, codec, lengths=(64, 128), config=config)
+    routes = theirs.batch["routed_experts"]
+    routes_bytes = len(pickle.dumps(ours)) - len(pickle.dumps(theirs)) + routes.nbytes
+    assert routes_bytes < share * routes.nbytes
+
+
+def test_multi_turn_tail_without_trained_tokens_is_verls_tensor(verl: SimpleNamespace) -> None:
+    """A trajectory ending in tool output: the last generation's rows stop before it. No trained
+    token depends on those rows, so rr accepts them, as zeros, like verl."""
+    shapes = [(5, 7), (3, 2)]
+    rows = engine_rows(verl, shapes)
+    rows[0] = rows[0][:8]  # rows of tokens 0..7; tokens 8..11 are tool output
+    masks = [[1, 1, 1, 0, 0, 0, 0], [1, 1]]
+    theirs, ours = theirs_and_ours(verl, shapes, rows=rows, masks=masks)
+    with rr():
+        got = trainer_batch(verl, ours)["routed_experts"]
+    assert torch.equal(got.values(), trainer_batch(verl, theirs)["routed_experts"].values())
+
+
+def test_trained_token_after_missing_rows_raises(verl: SimpleNamespace, installed: None) -> None:
+    shapes = [(5, 7)]
+    rows = engine_rows(verl, shapes)
+    rows[0] = rows[0][:8]
+    with pytest.raises(EngineOutputError, match=r"token 9 .*trained"):
+        agent_loop_batch(verl, outputs(verl, shapes, rows=rows, masks=[[1, 1, 1, 0, 1, 0, 0]]))
+
+
+def test_cut_response_keeps_the_last_row(verl: SimpleNamespace) -> None:
+    """verl's agent loops cut the routes to ``P + response_length`` rows with the response:
+    every kept token has a row then."""
+    shapes = [(5, 4)]
+    rows = [r[:9] for r in engine_rows(verl, [(5, 6)])]  # engine went 2 tokens further
+    theirs, ours = theirs_and_ours(verl, shapes, rows=rows)
+    (part,) = ours.non_tensor_batch[rollout.FIELD]
+    assert part.lengths == (9,)
+    with rr():
+        got = trainer_batch(verl, ours)["routed_experts"].values()
+    assert torch.equal(got, trainer_batch(verl, theirs)["routed_experts"].values())
+
+
+def _bad_ids(rows: list[np.ndarray]) -> None:
+    rows[1] = rows[1].copy()
+    rows[1][2, 3, 0] = 16  # expert 16 of 16
+
+
+def _duplicate(rows: list[np.ndarray]) -> None:
+    rows[1] = rows[1].copy()
+    rows[1][1, 2, 1] = rows[1][1, 2, 0]
+
+
+def _dense_nonzero(rows: list[np.ndarray]) -> None:
+    rows[0] = rows[0].copy()
+    rows[0][0, 0, 0] = 3  # layer 1 is dense
+
+
+def _other_model(rows: list[np.ndarray]) -> None:
+    rows[2] = rows[2][:, :4]  # 4 layers, not 5
+
+
+def _too_many_rows(rows: list[np.ndarray]) -> None:
+    rows[0] = np.concatenate([rows[0], rows[0][:2]])  # 10 rows for 9 tokens
+
+
+def _all_zero(rows: list[np.ndarray]) -> None:
+    rows[3] = rows[3].copy()
+    rows[3][:, 2] = 0  # a capture that never wrote layer 3 (E1)
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "match"),
+    [
+        (_bad_ids, RouteValidationError, "16"),
+        (_duplicate, RouteValidationError, "repeat|distinct|duplicate"),
+        (_dense_nonzero, RouteValidationError, "dense"),
+        (_other_model, EngineOutputError, "another model"),
+        (_too_many_rows, AlignmentError, "more rows than tokens"),
+        (_all_zero, RouteValidationError, "zero"),
+    ],
+    ids=lambda v: v.__name__ if callable(v) and v.__name__.startswith("_") else "",
+)
+def test_faults_verl_lets_through_raise(
+    verl: SimpleNamespace, installed: None, fault: Any, error: type[Exception], match: str
+) -> None:
+    rows = engine_rows(verl, SHAPES)
+    fault(rows)
+    with pytest.raises(error, match=match):
+        agent_loop_batch(verl, outputs(verl, SHAPES, rows=rows))
+
+
+def test_sample_without_routes_raises_where_it_is_trained(
+    verl: SimpleNamespace, installed: None
+) -> None:
+    """verl keeps the routes of a batch only if its first sample has them (``_postprocess``
+    reads ``inputs[0]``) and fails on a later one without; rr names the sample, and accepts one
+    that trains nothing."""
+    rows: list[Any] = engine_rows(verl, SHAPES)
+    rows[2] = None  # an aborted request
+    proto = agent_loop_batch(verl, outputs(verl, SHAPES, rows=rows))
+    with pytest.raises(EngineOutputError, match=r"sample 2 .*no routes"):
+        trainer_batch(verl, proto)
+    masks = [[1] * g for _, g in SHAPES]
+    masks[2] = [0] * SHAPES[2][1]
+    proto = agent_loop_batch(verl, outputs(verl, SHAPES, rows=rows, masks=masks))
+    values = trainer_batch(verl, proto)["routed_experts"].unbind()
+    assert not values[2].any()
+    assert values[1].any()
+
+
+def test_r2_routes_beside_rollout_routes_raise(verl: SimpleNamespace, installed: None) -> None:
+    """verl refuses R2 and R3 at once by finding both in the batch; its R3 field is rr's now,
+    so rr refuses in its place."""
+    proto = agent_loop_batch(verl, outputs(verl, SHAPES))
+    data = proto.to_tensordict()
+    data["routed_experts"] = torch.zeros(len(SHAPES), PROMPT_LENGTH + RESPONSE_LENGTH, 5, 4)
+    with pytest.raises(ReplayError, match="R2"):
+        verl.padding.left_right_2_no_padding(data)
+
+
+def test_install_is_idempotent_and_uninstall_gives_verl_back(verl: SimpleNamespace) -> None:
+    worker = verl.agent_loop.AgentLoopWorker
+    original = (verl.padding.left_right_2_no_padding, vars(worker)["_agent_loop_postprocess"])
+    names = rollout.install()
+    assert rollout.install() == names
+    assert rollout.is_installed()
+    assert any(n.endswith("AgentLoopWorker._agent_loop_postprocess") for n in names)
+    assert rollout.uninstall() >= 2
+    assert not rollout.is_installed()
+    assert verl.padding.left_right_2_no_padding is original[0]
+    assert vars(worker)["_agent_loop_postprocess"] is original[1]
+    with pytest.raises(ReplayError, match="no routers"):
+        rollout.attach(ReplayController(num_experts=8, top_k=2), torch.nn.Linear(1, 1))
+
+
+# -- the model's geometry, from real configs and models -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def transformers_models() -> Any:
+    try:
+        import rr_transformers
+        from rr_fakes.hf_models import tiny_model
+    except ImportError as e:
+        pytest.skip(f"needs transformers and rr-transformers ({e})")
+    return rr_transformers, tiny_model
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        ("qwen3_moe", {}),
+        ("qwen3_moe", {"num_hidden_layers": 4, "decoder_sparse_step": 2, "mlp_only_layers": []}),
+        ("qwen2_moe", {}),
+        ("qwen3_next", {}),
+        ("olmoe", {}),
+        ("mixtral", {}),
+        ("gpt_oss", {}),
+        ("deepseek_v3", {}),
+        ("deepseek_v3", {"num_hidden_layers": 4, "first_k_dense_replace": 2}),
+        ("glm4_moe", {}),
+    ],
+)
+def test_moe_layers_of_a_config_are_the_models_routers(
+    transformers_models: Any, family: str, overrides: dict[str, Any]
+) -> None:
+    rr_transformers, tiny_model = transformers_models
+    model = tiny_model(family, **overrides)
+    controller = ReplayController(num_experts=8, top_k=2)
+    rr_transformers.install()
+    try:
+        found = rr_transformers.attach(controller, model).layer_numbers
+        rr_transformers.detach(controller)
+    finally:
+        rr_transformers.uninstall()
+    assert moe_layer_numbers(model.config) == found
+    assert moe_layer_numbers(model.config.to_dict()) == found  # a config.json as a dict
+    meta = route_meta_of(model.config)
+    assert meta.layer_numbers == tuple(range(1, model.config.num_hidden_layers + 1))
+    assert meta.routed_layer_numbers == found
