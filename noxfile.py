@@ -589,6 +589,7 @@ VERL_TESTS = [
     PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl_rollout.py",  # verl's agent loop under rr
     PACKAGES / "rr-transformers" / "tests" / "verl",  # verl's FSDP engine over transformers
     ROOT / "tests" / "test_adapter_protocol.py",  # every framework at once: verl's venv has them
+    ROOT / "tests" / "test_verl_rollout_to_trainer.py",  # rr on verl's rollout and trainer sides
 ]
 
 

@@ -66,6 +66,7 @@ VERL_ROLLOUT_DEPS: tuple[str, ...] = (
     "cachetools==8.0.2",
     "uvicorn==0.54.0",
     "fastapi==0.165.0",
+    "torchdata==0.11.0",  # verl.trainer.ppo.ray_trainer (its DataProto-to-engine conversion)
 )
 
 #: The Megatron-Bridge release whose real models (built through its own random-init path, as
