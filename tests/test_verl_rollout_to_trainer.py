@@ -99,7 +99,9 @@ def agent_loop_batch(answers: list[Any], cfg: Any) -> Any:
     ]
 
     async def each() -> list[Any]:
-        return [await worker._agent_loop_postprocess(o, validate=False, raw_prompt=[]) for o in outputs]
+        return [
+            await worker._agent_loop_postprocess(o, validate=False, raw_prompt=[]) for o in outputs
+        ]
 
     return worker._postprocess(asyncio.run(each()))
 

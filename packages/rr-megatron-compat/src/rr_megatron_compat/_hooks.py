@@ -58,13 +58,6 @@ def _layer(router: nn.Module) -> int:
     return int(getattr(router, "layer_number", 0) or 0)
 
 
-def _active_mode(router: nn.Module) -> ReplayMode:
-    controller = controller_of(router)
-    if controller is None:
-        return ReplayMode.OFF
-    return controller.mode_of(_layer(router))
-
-
 def _padding_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
     """The ``padding_mask`` of a ``routing(logits, padding_mask=None)`` call (0.16+; earlier
     lines' routing takes logits only)."""
@@ -77,13 +70,21 @@ def routing_wrapper(
     wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """``TopKRouter.routing``: mark the routing router, check that replay took effect."""
-    if instance is None or _active_mode(instance) is ReplayMode.OFF:
+    controller = None if instance is None else controller_of(instance)
+    # the mode is read once: it cannot change inside the router's own call
+    mode = ReplayMode.OFF if controller is None else controller.mode_of(_layer(instance))
+    if mode is ReplayMode.OFF:
         return wrapped(*args, **kwargs)
-    call = _Call(instance, sample_minor=getattr(instance, _SAMPLE_MINOR, None))
+    # vars(): a module's getattr of an absent attribute raises inside (~3 us)
+    call = _Call(instance, sample_minor=vars(instance).get(_SAMPLE_MINOR))
     padding_mask = _padding_mask(args, kwargs)
+    count = _stats.counts_in_megatrons_place(instance, padding_mask)  # G1
     token = _CALL.set(call)
     try:
-        with _stats.megatron_update_off(instance, padding_mask) as count:  # G1
+        if count:
+            with _stats.megatron_update_off(instance):
+                probs, routing_map = wrapped(*args, **kwargs)
+        else:
             probs, routing_map = wrapped(*args, **kwargs)
     finally:
         _CALL.reset(token)
@@ -96,7 +97,7 @@ def routing_wrapper(
             "building the model); see `rr explain C2`"
         )
     _stats.after_routing(instance, routing_map, padding_mask, count=count)
-    if _active_mode(instance) is ReplayMode.REPLAY:
+    if mode is ReplayMode.REPLAY:
         _dispatcher.mark_replayed()
     return probs, routing_map
 
@@ -187,16 +188,61 @@ def unflatten_wrapper(
     return hidden_states, padding_mask, mbs
 
 
-_SIGNATURES: dict[Any, inspect.Signature] = {}
+#: ``(type, function)`` of a wrapped callable -> {parameter: (position or None, default)}
+_PARAMETERS: dict[tuple[type, Any], dict[str, tuple[int | None, Any]]] = {}
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def _bind(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    signature = _SIGNATURES.get(wrapped)
-    if signature is None:
-        signature = _SIGNATURES[wrapped] = inspect.signature(wrapped)
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bound
+def _parameters(wrapped: Callable[..., Any]) -> dict[str, tuple[int | None, Any]]:
+    """Where each parameter of ``wrapped`` sits in a call, read from its signature once per
+    function (a bound method's entry is its function's: one per class, not per instance).
+    Finding a few arguments by name this way costs a dict lookup, where ``Signature.bind``
+    cost ~10 us per hooked call."""
+    key = (type(wrapped), getattr(wrapped, "__func__", wrapped))
+    found = _PARAMETERS.get(key)
+    if found is None:
+        found = _PARAMETERS[key] = {
+            p.name: (i if p.kind in _POSITIONAL else None, p.default)
+            for i, p in enumerate(inspect.signature(wrapped).parameters.values())
+        }
+    return found
+
+
+def _arguments(
+    wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *names: str
+) -> list[Any]:
+    """The values parameters ``names`` of ``wrapped`` take in the call ``(*args, **kwargs)``
+    (None for a parameter ``wrapped`` does not have)."""
+    parameters, values = _parameters(wrapped), []
+    for name in names:
+        position, default = parameters.get(name, (None, None))
+        if name in kwargs:
+            values.append(kwargs[name])
+        elif position is not None and position < len(args):
+            values.append(args[position])
+        elif default is inspect.Parameter.empty:
+            raise TypeError(f"{getattr(wrapped, '__qualname__', wrapped)}() missing {name!r}")
+        else:
+            values.append(default)
+    return values
+
+
+def _with_arguments(
+    wrapped: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    values: dict[str, Any],
+) -> tuple[list[Any], dict[str, Any]]:
+    """The call ``(*args, **kwargs)`` with the parameters in ``values`` set to those values."""
+    new_args, new_kwargs = list(args), dict(kwargs)
+    parameters = _parameters(wrapped)
+    for name, value in values.items():
+        position = parameters[name][0]
+        if name not in kwargs and position is not None and position < len(args):
+            new_args[position] = value
+        else:
+            new_kwargs[name] = value
+    return new_args, new_kwargs
 
 
 def topk_function_wrapper(
@@ -207,16 +253,18 @@ def topk_function_wrapper(
     call = _CALL.get()
     if call is None or call.steer:
         return wrapped(*args, **kwargs)
-    bound = _bind(wrapped, args, kwargs)
-    arguments = bound.arguments
-    if arguments.get("fused"):
+    fused, num_groups, group_topk = _arguments(
+        wrapped, args, kwargs, "fused", "num_groups", "group_topk"
+    )  # (no ``fused`` before 0.14)
+    if fused:
         return wrapped(*args, **kwargs)  # fusion skips the hook; routing_wrapper raises (C2)
-    call.num_groups, call.group_topk = arguments["num_groups"], arguments["group_topk"]
-    arguments["num_groups"] = arguments["num_groups"] or 1
-    arguments["group_topk"] = arguments["group_topk"] or 1
+    call.num_groups, call.group_topk = num_groups, group_topk
+    steered_args, steered_kwargs = _with_arguments(
+        wrapped, args, kwargs, {"num_groups": num_groups or 1, "group_topk": group_topk or 1}
+    )
     call.steer = True
     try:
-        return wrapped(*bound.args, **bound.kwargs)
+        return wrapped(*steered_args, **steered_kwargs)
     finally:
         call.steer = False
 
@@ -228,10 +276,8 @@ def group_select_wrapper(
     call = _CALL.get()
     if call is None or not call.steer:
         return wrapped(*args, **kwargs)
-    bound = _bind(wrapped, args, kwargs)
-    return _select(
-        call, bound.arguments["scores"], bound.arguments["topk"], call.num_groups, call.group_topk
-    )
+    scores, topk = _arguments(wrapped, args, kwargs, "scores", "topk")
+    return _select(call, scores, topk, call.num_groups, call.group_topk)
 
 
 def native_select_wrapper(
@@ -249,9 +295,10 @@ def native_select_wrapper(
             "on a router an rr controller drives; use one mechanism (clear the native action "
             "with RouterReplay.clear_global_router_replay_action())"
         )
-    bound = _bind(wrapped, args, kwargs)
-    a = bound.arguments
-    return _select(call, a["scores"], a["topk"], a["num_groups"], a["group_topk"])
+    scores, topk, num_groups, group_topk = _arguments(
+        wrapped, args, kwargs, "scores", "topk", "num_groups", "group_topk"
+    )
+    return _select(call, scores, topk, num_groups, group_topk)
 
 
 WRAPPERS: dict[str, Callable[..., Any]] = {

@@ -16,8 +16,9 @@ routing map ``[T, E]`` with ``~padding_mask`` ``[T]`` without ``unsqueeze`` (Meg
 it raises when T != E and, when T == E, leaves out expert e wherever token e is padding, so the
 counts are silently wrong. On the lines ``MegatronLine.expert_bias_padding_unbroadcast`` names,
 :func:`megatron_update_off` switches Megatron's update off for a routing call that has a padding
-mask, and :func:`after_routing` counts in its place what Megatron's main branch counts (rows
-outside the padding mask, under Megatron's condition). This is right on fixed code too.
+mask (:func:`counts_in_megatrons_place` says when), and :func:`after_routing` counts in its
+place what Megatron's main branch counts (rows outside the padding mask, under Megatron's
+condition). This is right on fixed code too.
 
 Shapes: T tokens, E experts.
 """
@@ -54,24 +55,26 @@ def armed_mask_T(router: nn.Module) -> torch.Tensor | None:
     return None if controller is None else controller.replay_mask(router)
 
 
+def counts_in_megatrons_place(router: nn.Module, padding_mask: torch.Tensor | None) -> bool:
+    """Whether Megatron's expert-bias update would combine the routing map with
+    ``padding_mask`` un-broadcast (G1) in this ``routing`` call: then run the call under
+    :func:`megatron_update_off` and pass ``count=True`` to :func:`after_routing`, which counts
+    in Megatron's place."""
+    return (
+        padding_mask is not None
+        and megatron_line().expert_bias_padding_unbroadcast
+        and bool(getattr(router, "enable_expert_bias", False))
+    )
+
+
 @contextlib.contextmanager
-def megatron_update_off(router: nn.Module, padding_mask: torch.Tensor | None) -> Iterator[bool]:
-    """Around one ``routing`` call: where Megatron's expert-bias update would combine the
-    routing map with ``padding_mask`` un-broadcast (G1), switch it off for the call and yield
-    True (pass that to :func:`after_routing`, which then counts in its place); else yield
-    False and change nothing."""
-    if (
-        padding_mask is None
-        or not megatron_line().expert_bias_padding_unbroadcast
-        or not getattr(router, "enable_expert_bias", False)
-    ):
-        yield False
-        return
+def megatron_update_off(router: nn.Module) -> Iterator[None]:
+    """Megatron's expert-bias update switched off around one ``routing`` call (G1)."""
     megatron_router: Any = router  # enable_expert_bias is a plain bool attribute
     enabled = megatron_router.enable_expert_bias
     megatron_router.enable_expert_bias = False
     try:
-        yield True
+        yield
     finally:
         megatron_router.enable_expert_bias = enabled
 
@@ -104,8 +107,8 @@ def after_routing(
     *,
     count: bool = False,
 ) -> None:
-    """``count`` (G1, from :func:`megatron_update_off`): add this call's expert-bias counts in
-    Megatron's place. Then take the rows outside the replay mask back out of
+    """``count`` (G1, from :func:`counts_in_megatrons_place`): add this call's expert-bias
+    counts in Megatron's place. Then take the rows outside the replay mask back out of
     ``local_tokens_per_expert``."""
     if count:
         _count_in_megatrons_place(router, routing_map_TE, padding_mask)
