@@ -22,15 +22,27 @@ routes (and verl's conversion where verl imports), under each kernel family (num
 imports, numpy): ``over_raw`` is the median over rounds of each codec's time over ``raw``'s in
 the same round (goal for ``set``: at most 2).
 
+``agent_loop`` is the whole hop with ``rr_vllm.verl.install()`` against verl's own code alone,
+alternated: verl's ``AgentLoopWorker._agent_loop_postprocess`` per sample and ``_postprocess``
+(the agent-loop worker), the batch pickled and unpickled (what Ray ships to the trainer), then
+``to_tensordict`` and ``left_right_2_no_padding`` (``RayPPOTrainer``'s conversion for its
+engines); ``ms`` per side and in all, ``over_verl`` (median over rounds of the path's time over
+verl's in the same round), ``shipped_bytes_per_token`` and its ratio to verl's (the pickled
+batch's route bytes per real token: verl pads every sample to ``prompt_length +
+response_length`` rows). rr's paths include its install and uninstall.
+
 Usage: ``python bench_vllm_verl.py [--samples 64] [--tokens 4096] [--repeat 7] [--json]``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
+import time
 import warnings
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -127,7 +139,106 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     result["expand"] = expand(shipped, convert if verl is not None else None, repeat)
     if verl is not None:
         result["side_by_side"] = side_by_side(reqs, meta, prompts, tokens, convert, repeat)
+        result["agent_loop"] = agent_loop(verl[0], reqs, tokens, repeat)
     return result
+
+
+def agent_loop(module: Any, reqs: list[Any], tokens: int, repeat: int) -> dict[str, Any]:
+    """verl's agent-loop-to-engine hop with and without rr's rollout side (see the doc)."""
+    import pickle
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+    from verl.workers.utils import padding  # read at each call: install() patches it
+
+    import rr_vllm.verl as rollout
+
+    worker = object.__new__(module.AgentLoopWorker)
+    worker.tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]")),
+        pad_token="[PAD]",
+    )
+    worker.processor = worker.mm_processor_kwargs = worker.reward_loop_worker_handles = None
+    worker.distillation_enabled = False
+    config = {"num_hidden_layers": LAYERS, "num_experts": EXPERTS, "num_experts_per_tok": TOP_K}
+    worker.model_config = SimpleNamespace(hf_config=config)
+    worker.rollout_config = SimpleNamespace(
+        prompt_length=tokens // 4, response_length=tokens - tokens // 4
+    )
+
+    def outputs() -> list[Any]:
+        return [
+            module.AgentLoopOutput(
+                prompt_ids=r.prompt_token_ids,
+                response_ids=r.outputs[0].token_ids,
+                response_mask=[1] * len(r.outputs[0].token_ids),
+                routed_experts=r.outputs[0].routed_experts,
+                metrics=module.AgentLoopMetrics(),
+            )
+            for r in reqs
+        ]
+
+    async def each(items: list[Any]) -> list[Any]:
+        return [
+            await worker._agent_loop_postprocess(o, validate=False, raw_prompt=[]) for o in items
+        ]
+
+    sides: dict[str, dict[str, float]] = {}
+    shipped: dict[str, int] = {}
+
+    def hop(name: str, codec: str | None) -> Callable[[], Any]:
+        def run() -> Any:
+            if codec is not None:
+                rollout.install(codec=codec)
+            try:
+                items = outputs()
+                start = time.perf_counter()
+                proto = worker._postprocess(asyncio.run(each(items)))
+                wire = pickle.dumps(proto, protocol=5)
+                middle = time.perf_counter()
+                data = padding.left_right_2_no_padding(pickle.loads(wire).to_tensordict())
+                end = time.perf_counter()
+            finally:
+                if codec is not None:
+                    rollout.uninstall()
+            sides.setdefault(name, {"rollout": [], "trainer": []})  # type: ignore[dict-item]
+            sides[name]["rollout"].append(middle - start)  # type: ignore[attr-defined]
+            sides[name]["trainer"].append(end - middle)  # type: ignore[attr-defined]
+            shipped[name] = len(wire)
+            return data["routed_experts"]
+
+        return run
+
+    paths = {"verl": hop("verl", None), **{c: hop(c, c) for c in CODECS}}
+    want = paths["verl"]().values()
+    equal = {}
+    for codec in CODECS:
+        got = paths[codec]().values()
+        equal[codec] = bool(torch.equal(got, want.sort(-1).values if codec == "set" else want))
+    sides.clear()
+    times = alternate(paths, repeat)
+    num_tokens = sum(len(r.prompt_token_ids) + len(r.outputs[0].token_ids) for r in reqs)
+    no_routes = len(pickle.dumps(worker._postprocess(asyncio.run(each(_without(outputs()))))))
+    route_bytes = {name: (n - no_routes) / num_tokens for name, n in shipped.items()}
+    return {
+        "equal_to_verl": equal,
+        "ms": {name: statistics.median(ts) * 1e3 for name, ts in times.items()},
+        "rollout_ms": {n: statistics.median(v["rollout"]) * 1e3 for n, v in sides.items()},
+        "trainer_ms": {n: statistics.median(v["trainer"]) * 1e3 for n, v in sides.items()},
+        "over_verl": {
+            name: statistics.median(t / v for t, v in zip(ts, times["verl"], strict=True))
+            for name, ts in times.items()
+            if name != "verl"
+        },
+        "shipped_bytes_per_token": route_bytes,
+        "shipped_over_verl": {n: b / route_bytes["verl"] for n, b in route_bytes.items()},
+    }
+
+
+def _without(items: list[Any]) -> list[Any]:
+    """The same outputs without routes (the batch's other bytes, subtracted above)."""
+    return [o.model_copy(update={"routed_experts": None}) for o in items]
 
 
 def expand(
