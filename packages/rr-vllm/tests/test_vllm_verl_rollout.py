@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -387,3 +389,12 @@ def test_moe_layers_of_a_config_are_the_models_routers(
     meta = route_meta_of(model.config)
     assert meta.layer_numbers == tuple(range(1, model.config.num_hidden_layers + 1))
     assert meta.routed_layer_numbers == found
+
+
+def test_readme_verl_example_runs(
+    verl: SimpleNamespace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = Path(__file__).parents[1] / "README.md"
+    (block,) = re.findall(r"```python verl\n(.*?)```", readme.read_text(), flags=re.DOTALL)
+    exec(compile(block, str(readme), "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out == "True\n"
