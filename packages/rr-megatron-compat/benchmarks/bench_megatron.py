@@ -7,7 +7,15 @@ the median step time of each. "Off" is a model with rr installed but no controll
 token of each sequence routes natively) and reports the step's agreement (the controller's
 default, a threshold test on the router's scores); "r3_exact" measures agreement with a
 second native top-k; "r3_no_agreement" measures none. ``step_overhead_ratio_r3`` = r3 / off
-- 1. The harness runs megatron-core on CPU only.
+- 1.
+
+Then one router call (the first MoE layer's ``TopKRouter`` forward on one micro-batch's hidden
+states, training mode), native (no controller attached) against replaying in R3 with and
+without the agreement, the same way: variants alternated in a fresh shuffled order each round,
+the median over rounds of each variant's mean call time. ``router_call_r3_over_native`` is
+what rr costs per router call, everything it adds around Megatron's routing included.
+
+The harness runs megatron-core on CPU only.
 
     python packages/rr-megatron-compat/benchmarks/bench_megatron.py [--json] [--rounds N]
 """
@@ -19,12 +27,13 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import rr_megatron_compat as rmc
-from rr_core import ReplayController, ReplayMode
+from rr_core import ReplayController, ReplayMode, walk_routers
 from rr_fakes.megatron import TinyGPTConfig, build_gpt, gpt_inputs, model_parallel, train_step
 
 
@@ -48,23 +57,28 @@ def run(rounds: int, hidden: int, seq: int, microbatches: int) -> dict[str, Any]
             rmc.attach(controller, model)
             controller.set_mode(ReplayMode.RECORD)
             train_step([model], batches[:1])
-            routes = controller.recorded(0)
+            routes, layers = controller.recorded(0), controller.layer_numbers
             controller.end_step()
             controller.detach()
             # router rows are [S, B] (sequence-major): the last token of every sequence is
             # the last B rows, which R3 leaves native (the engine never routed it)
             mask = torch.ones(routes.shape[0], dtype=torch.bool)
             mask[-microbatches:] = False
-            times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-            order = random.Random(0)
-            for i in range(rounds + 1):
-                for name in order.sample(VARIANTS, len(VARIANTS)):
-                    elapsed = _timed_step(model, batches, routes, mask, name)
-                    if i:  # the first round warms up
-                        times[name].append(elapsed)
+            times = _alternated(
+                VARIANTS, rounds, lambda name: _timed_step(model, batches, routes, mask, name)
+            )
+            layer, router = walk_routers(model)[0]
+            hidden_SBH = torch.randn(seq, microbatches, hidden)  # the router's [S, B, H] input
+            routes_T1K = routes[:, layers.index(layer)].unsqueeze(1)
+            call_times = _alternated(
+                CALL_VARIANTS,
+                rounds,
+                lambda name: _timed_calls(router, layer, hidden_SBH, routes_T1K, mask, name),
+            )
         finally:
             rmc.uninstall()
     step_s = {name: statistics.median(ts) for name, ts in times.items()}
+    call_us = {name: statistics.median(ts) * 1e6 for name, ts in call_times.items()}
     off_s, on_s = step_s["off"], step_s["r3"]
     return {
         "megatron_core": str(rmc.megatron_line().version),
@@ -80,11 +94,34 @@ def run(rounds: int, hidden: int, seq: int, microbatches: int) -> dict[str, Any]
         "r3_over_off": on_s / off_s,
         "r3_exact_over_off": step_s["r3_exact"] / off_s,
         "r3_no_agreement_over_off": step_s["r3_no_agreement"] / off_s,
+        "router_call_us_native": call_us["native"],
+        "router_call_us_r3": call_us["r3"],
+        "router_call_us_r3_no_agreement": call_us["r3_no_agreement"],
+        "router_call_r3_over_native": call_us["r3"] / call_us["native"],
+        "router_call_r3_no_agreement_over_native": call_us["r3_no_agreement"] / call_us["native"],
     }
 
 
 VARIANTS = ("off", "r3", "r3_exact", "r3_no_agreement")
+CALL_VARIANTS = ("native", "r3", "r3_no_agreement")
 _AGREEMENT: dict[str, bool | str] = {"r3": True, "r3_exact": "exact", "r3_no_agreement": False}
+#: router calls timed together per variant and round (one call is ~0.3 ms on CPU)
+CALLS_PER_ROUND = 50
+
+
+def _alternated(
+    variants: tuple[str, ...], rounds: int, measure: Callable[[str], float]
+) -> dict[str, list[float]]:
+    """``measure(variant)`` of every variant once per round, each round in a fresh shuffled
+    order (seeded); the first round warms up and is dropped."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    order = random.Random(0)
+    for i in range(rounds + 1):
+        for name in order.sample(variants, len(variants)):
+            elapsed = measure(name)
+            if i:
+                times[name].append(elapsed)
+    return times
 
 
 def _timed_step(
@@ -110,6 +147,37 @@ def _timed_step(
     return elapsed
 
 
+def _timed_calls(
+    router: Any,
+    layer: int,
+    hidden_SBH: torch.Tensor,
+    routes_T1K: torch.Tensor,
+    mask: torch.Tensor,
+    name: str,
+) -> float:
+    """Mean seconds of one forward of ``router`` in variant ``name``: "native" with no
+    controller attached (rr installed, Megatron's code untouched), else replaying
+    ``routes_T1K`` with R3's mask (attaching, arming and the step's end untimed)."""
+    controller = None
+    if name != "native":
+        controller = ReplayController(num_experts=8, top_k=2, measure_agreement=_AGREEMENT[name])
+        rmc.attach(controller, router)
+        controller.set_mode(ReplayMode.REPLAY)
+        controller.arm(0, routes_T1K, layer_numbers=(layer,), replay_mask_T=mask)
+    try:
+        start = time.perf_counter()
+        for _ in range(CALLS_PER_ROUND):
+            router(hidden_SBH)
+        elapsed = (time.perf_counter() - start) / CALLS_PER_ROUND
+        if controller is not None:
+            report = controller.end_step()
+            assert bool(report.agreement) == (name != "r3_no_agreement")
+    finally:
+        if controller is not None:
+            controller.detach()
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -127,7 +195,7 @@ def main() -> None:
         print(json.dumps(result, indent=2))
     else:
         for key, value in result.items():
-            print(f"{key:24} {value:.4f}" if isinstance(value, float) else f"{key:24} {value}")
+            print(f"{key:40} {value:.4f}" if isinstance(value, float) else f"{key:40} {value}")
 
 
 if __name__ == "__main__":

@@ -163,6 +163,36 @@ def test_nomegatron_routing_hook_reads_padding_mask_only_where_routing_takes_one
         assert _hooks._padding_mask(("logits",), {}) is None
 
 
+def test_nomegatron_hooks_find_arguments_by_name_as_a_bind_would() -> None:
+    from rr_megatron_compat import _hooks
+
+    def topk(scores: Any, topk: int, num_groups: Any = None, group_topk: Any = None) -> None:
+        pass
+
+    names = ("scores", "topk", "num_groups", "group_topk", "fused")  # no ``fused`` (0.12 - 0.13)
+    assert _hooks._arguments(topk, ("s", 2), {"group_topk": 4}, *names) == ["s", 2, None, 4, None]
+    assert _hooks._arguments(topk, (), {"topk": 2, "scores": "s"}, "scores", "topk") == ["s", 2]
+    with pytest.raises(TypeError, match="'scores'"):
+        _hooks._arguments(topk, (), {"topk": 2}, "scores")
+    steered = _hooks._with_arguments(
+        topk, ("s", 2, None), {"group_topk": None}, {"num_groups": 1, "group_topk": 1}
+    )
+    assert steered == (["s", 2, 1], {"group_topk": 1})
+    assert _hooks._with_arguments(topk, ("s", 2), {}, {"num_groups": 1}) == (
+        ["s", 2],
+        {"num_groups": 1},
+    )
+
+    class Replay:
+        def get_replay_topk(self, scores: Any, topk: int) -> None:
+            pass
+
+    before = len(_hooks._PARAMETERS)
+    for _ in range(3):  # a bound method's parameters: one entry per class, not per instance
+        assert _hooks._arguments(Replay().get_replay_topk, ("s",), {"topk": 2}, "scores") == ["s"]
+    assert len(_hooks._PARAMETERS) == before + 1
+
+
 def test_nomegatron_import_and_supported_need_no_torch() -> None:
     code = (
         "import sys, rr_megatron_compat as m, rr_megatron_compat._doctor as d; "

@@ -53,6 +53,6 @@ def attach_routers(
                 f"{megatron_line().version} call rr_megatron_compat.enable_replay(config) "
                 "before building the model"
             )
-    layers = controller.attach(model)
+    layers = controller.attach(model, walk=lambda _: walked)  # the walk checked above, once
     ignore_unreplayed_rows((r for _, r in walked), ignore_unreplayed_in_stats)
     return layers
