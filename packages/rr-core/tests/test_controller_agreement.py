@@ -19,12 +19,14 @@ from rr_core import (
     ReplayMode,
     RouteBatch,
     RouteMeta,
+    kernels,
     load_routes,
     read_header,
     router_topk,
     save_routes,
 )
-from rr_core.replay.topk import is_topk_set_T
+from rr_core.replay import report
+from rr_core.replay.topk import is_topk_set_T, topk_set_and_order_T
 
 
 class ScoreRouter(nn.Module):
@@ -94,6 +96,49 @@ def test_a_tie_at_the_lowest_score_counts_as_agreeing() -> None:
     unpicked = 3 - picked
     assert replayed_agreement(scores, torch.tensor([[0, unpicked]]), None, True) == {1: 1.0}
     assert replayed_agreement(scores, torch.tensor([[0, unpicked]]), None, "exact") == {1: 0.0}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.integers(0, 9),
+    experts=st.integers(1, 12),
+    data=st.data(),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+)
+def test_every_kernel_family_gives_the_same_tests(
+    rows: int, experts: int, data: st.DataObject, dtype: torch.dtype
+) -> None:
+    """The compiled pass (numba, CPU float scores) and the torch ops agree row for row, ties
+    (scores drawn from a few values) and unordered slots included."""
+    k = data.draw(st.integers(1, experts))
+    values = st.sampled_from([0.0, 0.25, 0.5, 1.0, -1.0])
+    scores = torch.tensor(
+        data.draw(
+            st.lists(
+                st.lists(values, min_size=experts, max_size=experts), min_size=rows, max_size=rows
+            )
+        ),
+        dtype=dtype,
+    ).reshape(rows, experts)
+    ids = (
+        torch.stack([torch.randperm(experts)[:k] for _ in range(rows)])
+        if rows
+        else torch.zeros(0, k, dtype=torch.int64)
+    )
+    results = {}
+    for family in kernels.KERNELS if kernels.numba_available() else ("numpy",):
+        with kernels.use_kernel(family):
+            results[family] = topk_set_and_order_T(scores, ids)
+    numpy_agree, numpy_order = results["numpy"]
+    for agree, order in results.values():
+        assert torch.equal(agree, numpy_agree)
+        assert torch.equal(order, numpy_order)
+    best_outside = [
+        max((float(scores[t, e]) for e in range(experts) if e not in ids[t]), default=float("-inf"))
+        for t in range(rows)
+    ]
+    floor = [min(float(scores[t, i]) for i in ids[t]) for t in range(rows)]
+    assert numpy_agree.tolist() == [b <= f for b, f in zip(best_outside, floor, strict=True)]
 
 
 def test_no_agreement_is_measured_when_turned_off() -> None:
@@ -171,3 +216,44 @@ def test_the_report_puts_agreement_beside_the_provenance_of_the_routes(tmp_path:
         "layer 1: agreement 1.0000, in order 1.0000",
         "routes from: engine=vllm, engine_version=0.30.0, routing_precision=bfloat16",
     ]
+
+
+@pytest.mark.parametrize("limit", [1 << 24, 5])
+def test_counts_summed_late_equal_each_calls_own(
+    limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Router calls keep their row tests unsummed; the counts read at the report (or summed
+    early once too many rows wait) are each call's own counts added up, empty calls too."""
+    monkeypatch.setattr(report, "MAX_PENDING_ROWS", limit)
+    g = torch.Generator().manual_seed(0)
+    controller = ReplayController(num_experts=8, top_k=2)
+    routers = [ScoreRouter(1), ScoreRouter(2)]
+    controller.attach(nn.ModuleList(routers), walk=lambda m: [(r.layer_number, r) for r in m])
+    controller.set_mode(ReplayMode.REPLAY)
+    want = {1: [0, 0, 0], 2: [0, 0, 0]}  # set hits, order hits, rows
+    for mb, rows in enumerate([4, 0, 7, 3]):
+        scores = torch.rand(rows, 8, generator=g)
+        targets = (
+            torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(rows)])
+            if rows
+            else torch.zeros(0, 2, dtype=torch.int64)
+        )
+        routes = RouteBatch(
+            torch.stack([targets, targets], dim=1).to(torch.int16),
+            torch.tensor([0, rows]),
+            torch.ones(rows, dtype=torch.bool),
+            RouteMeta(num_experts=8, top_k=2, layer_axis="moe_layers", layer_numbers=(1, 2)),
+        )
+        controller.arm_batch(mb, routes)
+        with controller.microbatch(mb):
+            for r in routers:
+                r(scores, 2)
+        agree, order = topk_set_and_order_T(scores, targets)
+        for layer in (1, 2):
+            want[layer][0] += int(agree.sum())
+            want[layer][1] += int((agree & order).sum())
+            want[layer][2] += rows
+    report_ = controller.end_step()
+    controller.detach()
+    assert report_.agreement == {k: v[0] / v[2] for k, v in want.items()}
+    assert report_.order_agreement == {k: v[1] / v[2] for k, v in want.items()}

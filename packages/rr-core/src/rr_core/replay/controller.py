@@ -278,10 +278,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
                 agree_T, in_order_T = topk_set_and_order_T(scores_TE, out.ids_TK)
             if armed.mask_T is not None:
                 agree_T &= armed.mask_T.to(agree_T.device, non_blocking=True)
-            order_T = agree_T & in_order_T
-            self._add_agreement(
-                index, torch.stack((agree_T.sum(), order_T.sum())), armed.replayed_rows
-            )
+            self._add_agreement(index, agree_T, in_order_T, armed.replayed_rows)
         return out
 
     def replay_mask(self, router: nn.Module) -> torch.Tensor | None:

@@ -16,6 +16,7 @@ import torch
 from rr_core.errors import ReplayError, RRWarning
 from rr_core.replay.modes import ID_DTYPES, check_hashable
 from rr_core.replay.state import DEFAULT_MICROBATCH, ControllerState
+from rr_core.replay.tally import MAX_PENDING_ROWS, Tally, settle
 from rr_core.routes.batch import holds_ids
 
 
@@ -99,11 +100,13 @@ class StepReports(ControllerState):
         return self._shares(1)
 
     def _shares(self, column: int) -> dict[int, float]:
-        result = {}
-        for index, (hits, rows) in sorted(self._agreement.items()):
-            if rows:
-                result[self._layers[index]] = int(torch.stack(hits)[:, column].sum()) / rows
-        return result
+        settle(self._agreement)
+        self._pending_rows = 0
+        return {
+            self._layers[index]: int(tally.hits[column]) / tally.rows
+            for index, tally in sorted(self._agreement.items())
+            if tally.rows and tally.hits is not None
+        }
 
     def end_step(self) -> StepReport:
         """Finish a step: report, check that every armed target was used, and clear all
@@ -128,12 +131,16 @@ class StepReports(ControllerState):
             warnings.warn(message, RRWarning, stacklevel=2)
         return report
 
-    def _add_agreement(self, index: int, hits: torch.Tensor, rows: int) -> None:
-        # hits: [set agreements, order agreements]; they stay on their device until the
-        # report: no host sync per router call
-        hits_list, total = self._agreement.get(index, ([], 0))
-        hits_list.append(hits)
-        self._agreement[index] = (hits_list, total + rows)
+    def _add_agreement(
+        self, index: int, agree_T: torch.Tensor, in_order_T: torch.Tensor, rows: int
+    ) -> None:
+        # the row tests stay on their device, unsummed, until the report (see rr_core.replay.
+        # tally): no reduction and no host sync per router call
+        tally = self._agreement.setdefault(index, Tally())
+        self._pending_rows += tally.add(agree_T, in_order_T, rows)
+        if self._pending_rows > MAX_PENDING_ROWS:
+            settle(self._agreement)
+            self._pending_rows = 0
 
 
 def _distinct(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

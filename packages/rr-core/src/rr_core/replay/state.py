@@ -16,6 +16,7 @@ from torch import nn
 
 from rr_core.errors import ReplayError
 from rr_core.replay.modes import ReplayMode
+from rr_core.replay.tally import Tally
 
 #: The micro-batch a forward belongs to when no :meth:`ReplayController.microbatch` is open.
 DEFAULT_MICROBATCH = 0
@@ -55,7 +56,8 @@ class ControllerState:
     _attached: bool
     _armed: dict[Hashable, Armed]
     _recorded: dict[Hashable, list[torch.Tensor | None]]
-    _agreement: dict[int, tuple[list[torch.Tensor], int]]  # walk index -> (hits, rows)
+    _agreement: dict[int, Tally]  # walk index -> its agreement this step
+    _pending_rows: int  # rows of agreement tests not summed yet (all routers)
     _provenance: dict[Hashable, dict[str, Any]]  # where each armed batch's routes came from
     _forward_mbs: set[Hashable]
     _forward_mb: Hashable | None
@@ -72,6 +74,7 @@ class ControllerState:
         self._armed = {}
         self._recorded = {}
         self._agreement = {}
+        self._pending_rows = 0
         self._provenance = {}
         self._forward_mbs = set()
         self._forward_mb = None

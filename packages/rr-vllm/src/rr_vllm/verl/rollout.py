@@ -109,8 +109,8 @@ def _check_trained_tail(n: int, p: int, mask: np.ndarray, what: str) -> None:
             f"{what} has {n} rows, so tokens {n}..{p + mask.size - 1} carry no route, but token "
             f"{first} (a trained response token, response_mask 1) is predicted from them: verl "
             "would replay expert 0 there. The engine's routes must cover the trajectory up to "
-            "its last generated token (pass the last turn's routed_experts; D2, see `rr explain "
-            "D2`)"
+            "its last generated token (pass the last turn's routed_experts). "
+            "D2: see `rr explain D2`"
         )
 
 
@@ -142,8 +142,8 @@ def expand_samples(
                 raise EngineOutputError(
                     f"sample {i} of the batch has no routes but trained response tokens, while "
                     f"{len(present)} of {b} samples have routes: the engine returned none for it"
-                    " (an aborted or preempted request?). Drop the sample or re-roll it (D3, see "
-                    "`rr explain D3`)"
+                    " (an aborted or preempted request?). Drop the sample or re-roll it. "
+                    "D3: see `rr explain D3`"
                 )
         elif part.num_samples != 1 or part.meta != meta or part.lengths[0] != lengths[i]:
             raise AlignmentError(
