@@ -86,8 +86,10 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "mixtral": {"num_local_experts": NUM_EXPERTS},
     "olmoe": {"num_experts": NUM_EXPERTS, "norm_topk_prob": False},
-    "glm4_moe": {  # DeepSeek-V3's router (sigmoid, expert bias, grouped top-k) without MLA
-        **_GROUPED, "partial_rotary_factor": 0.5,
+    "glm4_moe": {  # DeepSeek-V3's router (sigmoid, expert bias, grouped top-k) without MLA;
+        # top-4 of 4 groups, 2 kept: topk = 2 * topk_group, where Megatron's group scores (top
+        # topk / group_topk per group) equal HF's and vLLM's (top 2 per group)
+        **_GROUPED, "partial_rotary_factor": 0.5, "num_experts_per_tok": 4,
     },
     "deepseek_v3": {  # dense first layer, sigmoid scores, expert bias, grouped top-k, MLA
         **_GROUPED, "topk_method": "noaux_tc", "scoring_func": "sigmoid",

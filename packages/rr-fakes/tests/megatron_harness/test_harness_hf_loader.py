@@ -29,8 +29,19 @@ B, S = 3, 40
 
 def _hf_forward(model: Any, ids_BS: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     picks: dict[int, torch.Tensor] = {}
-    handles = []
+    handles, wrapped = [], []
     for number, layer in enumerate(model.model.layers, start=1):
+        moe = getattr(layer.mlp, "route_tokens_to_experts", None)
+        if moe is not None:  # DeepSeek-style: the MoE block routes, its gate returns logits
+
+            def route(logits: torch.Tensor, number: int = number, inner: Any = moe) -> Any:
+                ids, weights = inner(logits)
+                picks[number] = ids.sort(-1).values
+                return ids, weights
+
+            layer.mlp.route_tokens_to_experts = route
+            wrapped.append(layer.mlp)
+            continue
         for router in routers_of(layer):
 
             def hook(_m: Any, _a: Any, out: Any, number: int = number) -> None:
@@ -43,6 +54,8 @@ def _hf_forward(model: Any, ids_BS: torch.Tensor) -> tuple[torch.Tensor, dict[in
     finally:
         for handle in handles:
             handle.remove()
+        for block in wrapped:
+            del block.route_tokens_to_experts
     return logits, picks
 
 
@@ -83,3 +96,11 @@ def test_a_family_without_a_mapping_is_refused() -> None:
     config = {**read_hf_config(build_checkpoint("qwen3_moe").path), "model_type": "olmoe"}
     with pytest.raises(UnsupportedCheckpointError, match="no Megatron mapping"):
         hf_gpt_spec(config)
+
+
+def test_grouped_top_k_megatron_scores_differently_is_refused() -> None:
+    """The tiny GLM-4-MoE at top-2 of 4 groups (2 kept): Megatron would score each group by its
+    top expert, HF and vLLM by their top 2, and pick other experts."""
+    ck = build_checkpoint("glm4_moe", num_experts_per_tok=2)
+    with pytest.raises(UnsupportedCheckpointError, match="top 2"):
+        hf_gpt_spec(read_hf_config(ck.path))

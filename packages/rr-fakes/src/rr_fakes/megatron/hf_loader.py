@@ -4,7 +4,10 @@ the checkpoint's ``model.safetensors`` copied into it. The same weights then run
 transformers and in Megatron, so a rollout's routes can be replayed in Megatron on the model
 that produced them.
 
-Families: ``qwen3_moe``, ``qwen2_moe`` (with its gated shared expert) and ``mixtral``.
+Families: ``qwen3_moe``, ``qwen2_moe`` (with its gated shared expert), ``mixtral`` and
+``glm4_moe`` (sigmoid scores with a selection bias, grouped top-k, partial RoPE, shared experts
+without a gate; grouped only where ``num_experts_per_tok = 2 * topk_group``, the one case where
+Megatron's group scores equal HF's and vLLM's).
 
 The architecture, from the HF config (``TransformerConfig`` fields unless said otherwise):
 
@@ -35,6 +38,13 @@ q/k/v bias (Qwen2-MoE)             ``add_qkv_bias=True``
                                    then top-k (no renormalisation)
 ``shared_expert_intermediate_      ``moe_shared_expert_intermediate_size``,
 size`` (Qwen2-MoE)                 ``moe_shared_expert_gate=True`` (sigmoid gate)
+GLM-4-MoE: sigmoid scores,         ``moe_router_score_function="sigmoid"``,
+``e_score_correction_bias``        ``moe_router_enable_expert_bias=True`` (``router.expert_bias``),
+``n_group`` / ``topk_group``       ``moe_router_num_groups`` / ``moe_router_group_topk``,
+``routed_scaling_factor``          ``moe_router_topk_scaling_factor`` (renormalised: k > 1),
+``n_shared_experts``               ``moe_shared_expert_intermediate_size`` (no gate),
+``partial_rotary_factor``          ``GPTModel(rotary_percent=...)``, ``first_k_dense_replace``
+                                   as ``moe_layer_freq``, ``attention_bias`` / ``use_qk_norm``
 hidden act ``silu``, gated MLP     ``gated_linear_unit=True``, ``activation_func=F.silu``
 ``tie_word_embeddings``            ``GPTModel(share_embeddings_and_output_weights=...)``
 =================================  ==========================================================
@@ -94,7 +104,7 @@ from rr_fakes.megatron._flags import megatron_flags
 from rr_fakes.megatron._gpt import TinyGPTConfig, transformer_config
 
 #: The HF families the loader maps.
-HF_LOADER_FAMILIES: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral")
+HF_LOADER_FAMILIES: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe")
 
 
 class UnsupportedCheckpointError(ValueError):
@@ -111,6 +121,7 @@ class HFGPTSpec:
     rotary_base: float
     tie_embeddings: bool
     moe_layer_numbers: tuple[int, ...]
+    rotary_percent: float = 1.0
 
     @property
     def num_experts(self) -> int:
@@ -143,6 +154,8 @@ def _moe_layer_freq(config: Mapping[str, Any], family: str) -> list[int]:
     n = int(config["num_hidden_layers"])
     if family == "mixtral":
         return [1] * n
+    if family == "glm4_moe":
+        return [0 if i < int(config.get("first_k_dense_replace") or 0) else 1 for i in range(n)]
     only = set(config.get("mlp_only_layers") or ())
     step = int(config.get("decoder_sparse_step", 1) or 1)
     return [0 if (i in only or (i + 1) % step != 0) else 1 for i in range(n)]
@@ -165,15 +178,16 @@ def hf_gpt_spec(config: Mapping[str, Any], *, extra: Mapping[str, Any] | None = 
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     head_dim = int(_get(config, "head_dim", default=hidden // heads))
-    num_experts = int(_get(config, "num_experts", "num_local_experts"))
+    num_experts = int(_get(config, "num_experts", "num_local_experts", "n_routed_experts"))
     freq = _moe_layer_freq(config, family)
     fields: dict[str, Any] = {
         "num_query_groups": int(_get(config, "num_key_value_heads", default=heads)),
         "kv_channels": head_dim,
         "normalization": "RMSNorm",
         "layernorm_epsilon": float(config["rms_norm_eps"]),
-        "qk_layernorm": family == "qwen3_moe",
-        "add_qkv_bias": bool(family == "qwen2_moe" and config.get("qkv_bias", True)),
+        "qk_layernorm": family == "qwen3_moe" or bool(config.get("use_qk_norm")),
+        "add_qkv_bias": bool(family == "qwen2_moe" and config.get("qkv_bias", True))
+        or bool(family == "glm4_moe" and config.get("attention_bias")),
         "gated_linear_unit": True,
         "activation_func": torch.nn.functional.silu,
         "moe_ffn_hidden_size": int(
@@ -185,6 +199,8 @@ def hf_gpt_spec(config: Mapping[str, Any], *, extra: Mapping[str, Any] | None = 
     if shared:
         fields["moe_shared_expert_intermediate_size"] = shared
         fields["moe_shared_expert_gate"] = True
+    if family == "glm4_moe":
+        fields.update(_grouped_sigmoid_router(config))
     fields.update(extra or {})
     gpt = TinyGPTConfig(
         num_layers=int(config["num_hidden_layers"]),
@@ -194,7 +210,7 @@ def hf_gpt_spec(config: Mapping[str, Any], *, extra: Mapping[str, Any] | None = 
         num_experts=num_experts,
         top_k=int(config["num_experts_per_tok"]),
         moe_layer_freq=freq,
-        score_function="softmax",
+        score_function="sigmoid" if family == "glm4_moe" else "softmax",
         vocab_size=int(config["vocab_size"]),
         max_sequence_length=int(config.get("max_position_embeddings", 4096)),
         extra=fields,
@@ -205,7 +221,45 @@ def hf_gpt_spec(config: Mapping[str, Any], *, extra: Mapping[str, Any] | None = 
         rotary_base=_rope_theta(config),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         moe_layer_numbers=tuple(i + 1 for i, moe in enumerate(freq) if moe),
+        rotary_percent=_rotary_percent(config),
     )
+
+
+def _grouped_sigmoid_router(config: Mapping[str, Any]) -> dict[str, Any]:
+    """GLM-4-MoE's router (DeepSeek-V3's without MLA): sigmoid scores, a selection bias, the
+    top ``topk_group`` of ``n_group`` groups, the chosen scores renormalised and scaled, and
+    ``n_shared_experts`` shared experts without a gate."""
+    k, groups, kept = (int(config[n]) for n in ("num_experts_per_tok", "n_group", "topk_group"))
+    if not config.get("norm_topk_prob", True):
+        raise UnsupportedCheckpointError(
+            "norm_topk_prob=False: Megatron renormalises sigmoid top-k scores whenever k > 1"
+        )
+    if groups > 1 and k != 2 * kept:
+        # Megatron scores a group by its top (topk / group_topk) experts, HF and vLLM by
+        # their top 2: the same groups only when topk = 2 * topk_group (DeepSeek-V3: 8, 4)
+        raise UnsupportedCheckpointError(
+            f"grouped top-k with num_experts_per_tok={k}, topk_group={kept}: Megatron scores "
+            f"each group by its top {k // kept} experts where HF and vLLM take the top 2; they "
+            "pick the same groups only when num_experts_per_tok = 2 * topk_group"
+        )
+    fields: dict[str, Any] = {
+        "moe_router_enable_expert_bias": True,
+        "moe_router_topk_scaling_factor": float(config.get("routed_scaling_factor") or 1.0),
+        "moe_shared_expert_intermediate_size": int(config["moe_intermediate_size"])
+        * int(config.get("n_shared_experts") or 0),
+    }
+    if groups > 1:
+        fields.update(moe_router_num_groups=groups, moe_router_group_topk=kept)
+    if not fields["moe_shared_expert_intermediate_size"]:
+        del fields["moe_shared_expert_intermediate_size"]
+    return fields
+
+
+def _rotary_percent(config: Mapping[str, Any]) -> float:
+    """The share of each head's dims RoPE turns (GLM-4-MoE: ``partial_rotary_factor``; in
+    ``rope_parameters`` from transformers 5)."""
+    params = config.get("rope_parameters") or {}
+    return float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:
@@ -258,6 +312,7 @@ def build_gpt_for(spec: HFGPTSpec) -> nn.Module:
         share_embeddings_and_output_weights=spec.tie_embeddings,
         position_embedding_type="rope",
         rotary_base=spec.rotary_base,
+        rotary_percent=spec.rotary_percent,
         **stage_kw,
     )
     return model
@@ -345,6 +400,8 @@ def megatron_state(state: Mapping[str, torch.Tensor], spec: HFGPTSpec) -> dict[s
             continue
         moe = f"{hf}.{moe_prefix}"
         out[f"{mc}.mlp.router.weight"] = take(f"{moe}.gate.weight")
+        if fields.get("moe_router_enable_expert_bias"):  # a buffer: the selection bias
+            out[f"{mc}.mlp.router.expert_bias"] = take(f"{moe}.gate.e_score_correction_bias")
         names, experts = _expert_weights(state, moe, tc.num_experts, spec.family)
         for name in names:
             take(name)
@@ -352,12 +409,14 @@ def megatron_state(state: Mapping[str, torch.Tensor], spec: HFGPTSpec) -> dict[s
             out[f"{mc}.mlp.experts.local_experts.{e}.linear_fc1.weight"] = fc1
             out[f"{mc}.mlp.experts.local_experts.{e}.linear_fc2.weight"] = fc2
         if fields.get("moe_shared_expert_intermediate_size"):
-            se = f"{moe}.shared_expert"
+            se = f"{moe}.shared_experts" if spec.family == "glm4_moe" else f"{moe}.shared_expert"
             out[f"{mc}.mlp.shared_experts.linear_fc1.weight"] = torch.cat(
                 [take(f"{se}.gate_proj.weight"), take(f"{se}.up_proj.weight")], dim=0
             )
             out[f"{mc}.mlp.shared_experts.linear_fc2.weight"] = take(f"{se}.down_proj.weight")
-            out[f"{mc}.mlp.shared_experts.gate_weight"] = take(f"{moe}.shared_expert_gate.weight")
+            if fields.get("moe_shared_expert_gate"):
+                gate = f"{moe}.shared_expert_gate.weight"
+                out[f"{mc}.mlp.shared_experts.gate_weight"] = take(gate)
     out["decoder.final_layernorm.weight"] = take("model.norm.weight")
     if not spec.tie_embeddings:
         out["output_layer.weight"] = take("lm_head.weight")
@@ -372,6 +431,7 @@ def load_hf_weights(model: nn.Module, state: Mapping[str, torch.Tensor], spec: H
     parameter of the model gets exactly its checkpoint tensor, shapes equal."""
     mapped = megatron_state(state, spec)
     params = dict(model.named_parameters())
+    params |= {name: b for name, b in model.named_buffers() if name in mapped}  # expert bias
     missing = sorted(set(params) - set(mapped))
     extra = sorted(set(mapped) - set(params))
     if missing or extra:
