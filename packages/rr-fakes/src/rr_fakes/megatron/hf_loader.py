@@ -4,8 +4,9 @@ the checkpoint's ``model.safetensors`` copied into it. The same weights then run
 transformers and in Megatron, so a rollout's routes can be replayed in Megatron on the model
 that produced them.
 
-Families: ``qwen3_moe``, ``qwen2_moe`` (with its gated shared expert), ``mixtral`` and
-``glm4_moe`` (sigmoid scores with a selection bias, grouped top-k, partial RoPE, shared experts
+Families: ``qwen3_moe``, ``qwen2_moe`` (with its gated shared expert), ``mixtral``, ``olmoe``
+(its q / k norms over all heads at once: :mod:`rr_fakes.megatron.hf_qk_norm` in the layer spec)
+and ``glm4_moe`` (sigmoid scores with a selection bias, grouped top-k, partial RoPE, shared experts
 without a gate; grouped only where ``num_experts_per_tok = 2 * topk_group``, the one case where
 Megatron's group scores equal HF's and vLLM's).
 
@@ -90,6 +91,7 @@ pipeline or expert parallelism).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 from collections.abc import Mapping
@@ -102,9 +104,10 @@ from torch import nn
 
 from rr_fakes.megatron._flags import megatron_flags
 from rr_fakes.megatron._gpt import TinyGPTConfig, transformer_config
+from rr_fakes.megatron.hf_qk_norm import KeyHeadsRMSNorm, QueryHeadsRMSNorm
 
 #: The HF families the loader maps.
-HF_LOADER_FAMILIES: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe")
+HF_LOADER_FAMILIES: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe")
 
 
 class UnsupportedCheckpointError(ValueError):
@@ -185,13 +188,13 @@ def hf_gpt_spec(config: Mapping[str, Any], *, extra: Mapping[str, Any] | None = 
         "kv_channels": head_dim,
         "normalization": "RMSNorm",
         "layernorm_epsilon": float(config["rms_norm_eps"]),
-        "qk_layernorm": family == "qwen3_moe" or bool(config.get("use_qk_norm")),
+        "qk_layernorm": family in ("qwen3_moe", "olmoe") or bool(config.get("use_qk_norm")),
         "add_qkv_bias": bool(family == "qwen2_moe" and config.get("qkv_bias", True))
         or bool(family == "glm4_moe" and config.get("attention_bias")),
         "gated_linear_unit": True,
         "activation_func": torch.nn.functional.silu,
-        "moe_ffn_hidden_size": int(
-            config["intermediate_size"] if family == "mixtral" else config["moe_intermediate_size"]
+        "moe_ffn_hidden_size": int(  # Mixtral and OLMoE size experts by intermediate_size
+            config.get("moe_intermediate_size") or config["intermediate_size"]
         ),
         "moe_router_pre_softmax": family != "mixtral" and not config.get("norm_topk_prob", False),
     }
@@ -302,6 +305,8 @@ def build_gpt_for(spec: HFGPTSpec) -> nn.Module:
     tc = transformer_config(spec.gpt)
     stage_kw = {"vp_stage": None} if megatron_flags().vp_stage_kwarg else {}
     block_spec = specs.get_gpt_decoder_block_spec(tc, use_transformer_engine=False, **stage_kw)
+    if spec.family == "olmoe":
+        block_spec = _with_all_heads_qk_norm(block_spec)
     model: nn.Module = gpt_model.GPTModel(
         config=tc,
         transformer_layer_spec=block_spec,
@@ -316,6 +321,20 @@ def build_gpt_for(spec: HFGPTSpec) -> nn.Module:
         **stage_kw,
     )
     return model
+
+
+def _with_all_heads_qk_norm(block_spec: Any) -> Any:
+    """The block spec with OLMoE's q / k norms (over all heads at once) in every layer."""
+    layers = []
+    for layer in block_spec.layer_specs:
+        attention = layer.submodules.self_attention
+        norms = dataclasses.replace(
+            attention.submodules, q_layernorm=QueryHeadsRMSNorm, k_layernorm=KeyHeadsRMSNorm
+        )
+        attention = dataclasses.replace(attention, submodules=norms)
+        sub = dataclasses.replace(layer.submodules, self_attention=attention)
+        layers.append(dataclasses.replace(layer, submodules=sub))
+    return dataclasses.replace(block_spec, layer_specs=layers)
 
 
 def _fused_qkv(
