@@ -95,7 +95,7 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
         **_GROUPED, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
         "num_key_value_heads": 2, "kv_lora_rank": 512, "q_lora_rank": 32,
         "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32, "head_dim": 64,
-        "rope_interleave": True,
+        "rope_interleave": True, "num_experts_per_tok": 4,  # topk = 2 * topk_group (GLM-4-MoE)
     },
 }  # fmt: skip
 

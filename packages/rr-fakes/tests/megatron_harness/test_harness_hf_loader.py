@@ -93,7 +93,7 @@ def test_every_checkpoint_tensor_is_placed_and_the_qkv_is_fused_per_query_group(
 
 
 def test_a_family_without_a_mapping_is_refused() -> None:
-    config = {**read_hf_config(build_checkpoint("qwen3_moe").path), "model_type": "deepseek_v3"}
+    config = {**read_hf_config(build_checkpoint("qwen3_moe").path), "model_type": "gpt_oss"}
     with pytest.raises(UnsupportedCheckpointError, match="no Megatron mapping"):
         hf_gpt_spec(config)
 

@@ -100,7 +100,10 @@ def transformer_config(config: TinyGPTConfig) -> Any:
     if config.expert_bias:
         fields["moe_router_bias_update_rate"] = 1e-3
     fields.update(config.extra)
-    return _megatron("transformer.transformer_config").TransformerConfig(**fields)
+    configs = _megatron("transformer.transformer_config")
+    if fields.get("multi_latent_attention"):  # MLA's latent sizes live in their own config
+        return configs.MLATransformerConfig(**fields)
+    return configs.TransformerConfig(**fields)
 
 
 def _stage_flags(vp_stage: int | None) -> tuple[bool, bool]:

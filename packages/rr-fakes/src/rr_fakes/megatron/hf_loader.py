@@ -94,7 +94,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,10 +104,15 @@ from torch import nn
 
 from rr_fakes.megatron._flags import megatron_flags
 from rr_fakes.megatron._gpt import TinyGPTConfig, transformer_config
+from rr_fakes.megatron.hf_mla_attention import MLACoreAttention
 from rr_fakes.megatron.hf_qk_norm import KeyHeadsRMSNorm, QueryHeadsRMSNorm
 
 #: The HF families the loader maps.
-HF_LOADER_FAMILIES: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe")
+HF_LOADER_FAMILIES: tuple[str, ...] = (
+    "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "deepseek_v3"
+)  # fmt: skip
+#: The families whose router is DeepSeek-V3's (sigmoid, selection bias, grouped top-k).
+_GROUPED_SIGMOID = ("glm4_moe", "deepseek_v3")
 
 
 class UnsupportedCheckpointError(ValueError):
@@ -157,7 +162,7 @@ def _moe_layer_freq(config: Mapping[str, Any], family: str) -> list[int]:
     n = int(config["num_hidden_layers"])
     if family == "mixtral":
         return [1] * n
-    if family == "glm4_moe":
+    if family in _GROUPED_SIGMOID:
         return [0 if i < int(config.get("first_k_dense_replace") or 0) else 1 for i in range(n)]
     only = set(config.get("mlp_only_layers") or ())
     step = int(config.get("decoder_sparse_step", 1) or 1)
@@ -202,8 +207,10 @@ def hf_gpt_spec(config: Mapping[str, Any], *, extra: Mapping[str, Any] | None = 
     if shared:
         fields["moe_shared_expert_intermediate_size"] = shared
         fields["moe_shared_expert_gate"] = True
-    if family == "glm4_moe":
+    if family in _GROUPED_SIGMOID:
         fields.update(_grouped_sigmoid_router(config))
+    if family == "deepseek_v3":
+        fields.update(_multi_latent_attention(config))
     fields.update(extra or {})
     gpt = TinyGPTConfig(
         num_layers=int(config["num_hidden_layers"]),
@@ -213,7 +220,7 @@ def hf_gpt_spec(config: Mapping[str, Any], *, extra: Mapping[str, Any] | None = 
         num_experts=num_experts,
         top_k=int(config["num_experts_per_tok"]),
         moe_layer_freq=freq,
-        score_function="sigmoid" if family == "glm4_moe" else "softmax",
+        score_function="sigmoid" if family in _GROUPED_SIGMOID else "softmax",
         vocab_size=int(config["vocab_size"]),
         max_sequence_length=int(config.get("max_position_embeddings", 4096)),
         extra=fields,
@@ -256,6 +263,26 @@ def _grouped_sigmoid_router(config: Mapping[str, Any]) -> dict[str, Any]:
     if not fields["moe_shared_expert_intermediate_size"]:
         del fields["moe_shared_expert_intermediate_size"]
     return fields
+
+
+def _multi_latent_attention(config: Mapping[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3's attention: queries through a ``q_lora_rank`` latent, keys and values
+    through a ``kv_lora_rank`` one (each RMSNorm'd), a shared ``qk_rope_head_dim`` RoPE key,
+    RoPE on interleaved pairs, softmax scale ``1 / sqrt(qk_nope + qk_rope)``."""
+    if not config.get("rope_interleave", True):
+        raise UnsupportedCheckpointError("MLA with rope_interleave=False is not mapped")
+    return {
+        "multi_latent_attention": True,
+        "q_lora_rank": int(config["q_lora_rank"]),
+        "kv_lora_rank": int(config["kv_lora_rank"]),
+        "qk_head_dim": int(config["qk_nope_head_dim"]),
+        "qk_pos_emb_head_dim": int(config["qk_rope_head_dim"]),
+        "v_head_dim": int(config["v_head_dim"]),
+        "qk_layernorm": True,  # the two latents' norms
+        "rope_type": "rope",
+        "rotary_base": _rope_theta(config),
+        "rotary_scaling_factor": 1.0,  # no YaRN: the softmax scale keeps mscale 1
+    }
 
 
 def _rotary_percent(config: Mapping[str, Any]) -> float:
@@ -307,6 +334,8 @@ def build_gpt_for(spec: HFGPTSpec) -> nn.Module:
     block_spec = specs.get_gpt_decoder_block_spec(tc, use_transformer_engine=False, **stage_kw)
     if spec.family == "olmoe":
         block_spec = _with_all_heads_qk_norm(block_spec)
+    if spec.gpt.extra.get("multi_latent_attention"):
+        block_spec = _with_mla_core_attention(block_spec)
     model: nn.Module = gpt_model.GPTModel(
         config=tc,
         transformer_layer_spec=block_spec,
@@ -332,6 +361,18 @@ def _with_all_heads_qk_norm(block_spec: Any) -> Any:
             attention.submodules, q_layernorm=QueryHeadsRMSNorm, k_layernorm=KeyHeadsRMSNorm
         )
         attention = dataclasses.replace(attention, submodules=norms)
+        sub = dataclasses.replace(layer.submodules, self_attention=attention)
+        layers.append(dataclasses.replace(layer, submodules=sub))
+    return dataclasses.replace(block_spec, layer_specs=layers)
+
+
+def _with_mla_core_attention(block_spec: Any) -> Any:
+    """The block spec with :class:`MLACoreAttention` as every layer's core attention."""
+    layers = []
+    for layer in block_spec.layer_specs:
+        attention = layer.submodules.self_attention
+        core = dataclasses.replace(attention.submodules, core_attention=MLACoreAttention)
+        attention = dataclasses.replace(attention, submodules=core)
         sub = dataclasses.replace(layer.submodules, self_attention=attention)
         layers.append(dataclasses.replace(layer, submodules=sub))
     return dataclasses.replace(block_spec, layer_specs=layers)
@@ -369,12 +410,42 @@ def _expert_weights(
     return names, out
 
 
+Take = Callable[[str], torch.Tensor]
+
+
+def _qkv_weights(
+    take: Take, att: str, mc: str, fields: Mapping[str, Any]
+) -> dict[str, torch.Tensor]:
+    """Standard attention: q / k / v fused per query group, their biases, the q / k norms."""
+    groups, head_dim = int(fields["num_query_groups"]), int(fields["kv_channels"])
+    out: dict[str, torch.Tensor] = {}
+    for kind in ("weight", "bias") if fields.get("add_qkv_bias") else ("weight",):
+        q, k, v = (take(f"{att}.{p}_proj.{kind}") for p in "qkv")
+        out[f"{mc}.linear_qkv.{kind}"] = _fused_qkv(q, k, v, groups, head_dim)
+    if fields.get("qk_layernorm"):
+        out[f"{mc}.q_layernorm.weight"] = take(f"{att}.q_norm.weight")
+        out[f"{mc}.k_layernorm.weight"] = take(f"{att}.k_norm.weight")
+    return out
+
+
+def _mla_weights(take: Take, att: str, mc: str) -> dict[str, torch.Tensor]:
+    """DeepSeek-V3's attention: the same splits on both sides (q heads ``[nope; rope]``, the
+    kv latent ``[kv_lora; rope]``, kv heads ``[nope; v]``), only the names differ."""
+    return {
+        f"{mc}.linear_q_down_proj.weight": take(f"{att}.q_a_proj.weight"),
+        f"{mc}.q_layernorm.weight": take(f"{att}.q_a_layernorm.weight"),
+        f"{mc}.linear_q_up_proj.weight": take(f"{att}.q_b_proj.weight"),
+        f"{mc}.linear_kv_down_proj.weight": take(f"{att}.kv_a_proj_with_mqa.weight"),
+        f"{mc}.kv_layernorm.weight": take(f"{att}.kv_a_layernorm.weight"),
+        f"{mc}.linear_kv_up_proj.weight": take(f"{att}.kv_b_proj.weight"),
+    }
+
+
 def megatron_state(state: Mapping[str, torch.Tensor], spec: HFGPTSpec) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors under the GPTModel's parameter names (the module docstring's
     mapping). Raises if a checkpoint tensor is left unread."""
     tc = spec.gpt
     fields = tc.extra
-    groups, head_dim = int(fields["num_query_groups"]), int(fields["kv_channels"])
     out: dict[str, torch.Tensor] = {}
     read: set[str] = set()
 
@@ -390,24 +461,10 @@ def megatron_state(state: Mapping[str, torch.Tensor], spec: HFGPTSpec) -> dict[s
         hf, mc = f"model.layers.{i}", f"decoder.layers.{i}"
         att = f"{hf}.self_attn"
         out[f"{mc}.input_layernorm.weight"] = take(f"{hf}.input_layernorm.weight")
-        out[f"{mc}.self_attention.linear_qkv.weight"] = _fused_qkv(
-            take(f"{att}.q_proj.weight"),
-            take(f"{att}.k_proj.weight"),
-            take(f"{att}.v_proj.weight"),
-            groups,
-            head_dim,
-        )
-        if fields.get("add_qkv_bias"):
-            out[f"{mc}.self_attention.linear_qkv.bias"] = _fused_qkv(
-                take(f"{att}.q_proj.bias"),
-                take(f"{att}.k_proj.bias"),
-                take(f"{att}.v_proj.bias"),
-                groups,
-                head_dim,
-            )
-        if fields.get("qk_layernorm"):
-            out[f"{mc}.self_attention.q_layernorm.weight"] = take(f"{att}.q_norm.weight")
-            out[f"{mc}.self_attention.k_layernorm.weight"] = take(f"{att}.k_norm.weight")
+        if fields.get("multi_latent_attention"):
+            out.update(_mla_weights(take, att, f"{mc}.self_attention"))
+        else:
+            out.update(_qkv_weights(take, att, f"{mc}.self_attention", fields))
         out[f"{mc}.self_attention.linear_proj.weight"] = take(f"{att}.o_proj.weight")
         out[f"{mc}.pre_mlp_layernorm.weight"] = take(f"{hf}.post_attention_layernorm.weight")
         if (i + 1) not in spec.moe_layer_numbers:
@@ -428,7 +485,11 @@ def megatron_state(state: Mapping[str, torch.Tensor], spec: HFGPTSpec) -> dict[s
             out[f"{mc}.mlp.experts.local_experts.{e}.linear_fc1.weight"] = fc1
             out[f"{mc}.mlp.experts.local_experts.{e}.linear_fc2.weight"] = fc2
         if fields.get("moe_shared_expert_intermediate_size"):
-            se = f"{moe}.shared_experts" if spec.family == "glm4_moe" else f"{moe}.shared_expert"
+            se = (
+                f"{moe}.shared_experts"
+                if spec.family in _GROUPED_SIGMOID
+                else f"{moe}.shared_expert"
+            )
             out[f"{mc}.mlp.shared_experts.linear_fc1.weight"] = torch.cat(
                 [take(f"{se}.gate_proj.weight"), take(f"{se}.up_proj.weight")], dim=0
             )
@@ -449,7 +510,7 @@ def load_hf_weights(model: nn.Module, state: Mapping[str, torch.Tensor], spec: H
     """Copy the HF ``state`` into ``model`` (built from ``spec``). Raises unless every
     parameter of the model gets exactly its checkpoint tensor, shapes equal."""
     mapped = megatron_state(state, spec)
-    params = dict(model.named_parameters())
+    params: dict[str, torch.Tensor] = dict(model.named_parameters())
     params |= {name: b for name, b in model.named_buffers() if name in mapped}  # expert bias
     missing = sorted(set(params) - set(mapped))
     extra = sorted(set(mapped) - set(params))
