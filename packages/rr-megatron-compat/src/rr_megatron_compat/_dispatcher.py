@@ -5,7 +5,8 @@ while Megatron's alltoall dispatcher sizes its dropless output as ``tokens * top
 such rows from ever reaching the dispatcher: every target is checked when it is armed (one host
 sync per micro-batch, not per layer) and a repeated id raises naming the layer and row, so
 rr's own path never sends one. Routes armed with ``validate=False`` can; for those the alltoall
-dispatcher is sized from the routing map (:func:`alltoall_preprocess_wrapper`); the allgather
+dispatcher is sized from the routing map (:func:`alltoall_preprocess_wrapper`, a host sync per
+layer that only such routes pay: checked routes keep Megatron's ``T * K``); the allgather
 dispatcher already sizes from the map. :func:`count_routed_tokens` gives the true
 output size where routes come from elsewhere (e.g. armed with ``validate=False``).
 """
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from rr_core import ReplayError
+from rr_core.replay.controller import replayed_unchecked_ids
 from rr_megatron_compat._checks import check_tensor
 
 _STATE = threading.local()
@@ -26,8 +28,9 @@ _STATE = threading.local()
 
 def mark_replayed() -> None:
     """Called by the routing hook after a router replayed: the next alltoall ``preprocess`` on
-    this thread belongs to that router's MoE layer."""
-    _STATE.replayed = True
+    this thread belongs to that router's MoE layer. Only ids armed with ``validate=False`` can
+    repeat in a row; targets checked at arming leave Megatron's count as it is (no host sync)."""
+    _STATE.replayed = replayed_unchecked_ids()
 
 
 def alltoall_preprocess_wrapper(
@@ -35,16 +38,21 @@ def alltoall_preprocess_wrapper(
 ) -> Any:
     """``MoEAlltoAllTokenDispatcher.preprocess``: after a replayed routing, size the dropless
     output from the routing map itself (a row that repeats an id sets fewer than K experts).
-    Costs one host sync per replayed MoE layer with the alltoall dispatcher (see the benchmark);
-    layers that did not replay are untouched."""
+    Costs one host sync per MoE layer that replayed unchecked ids with the alltoall dispatcher;
+    layers that did not replay, or replayed targets checked at arming, are untouched."""
     replayed = getattr(_STATE, "replayed", False)
     _STATE.replayed = False
     result = wrapped(*args, **kwargs)
     if replayed and isinstance(getattr(instance, "num_out_tokens", None), int):
         routing_map = kwargs.get("routing_map", args[0] if args else None)
         if routing_map is not None:
-            instance.num_out_tokens = int(routing_map.sum())
+            instance.num_out_tokens = routed_pairs(routing_map)
     return result
+
+
+def routed_pairs(routing_map_TE: torch.Tensor) -> int:
+    """The (token, expert) pairs of a routing map, on the host (a sync on an accelerator)."""
+    return int(routing_map_TE.sum())
 
 
 def count_routed_tokens(routing_map_TE: torch.Tensor) -> torch.Tensor:

@@ -98,6 +98,7 @@ class Arming(ControllerState):
             native_rows_N,
             rows_T=rows_T,
             replayed_rows=replayed,
+            validated=validate,
         )
 
     def arm_batch(

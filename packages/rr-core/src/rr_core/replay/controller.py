@@ -16,6 +16,7 @@ agreement, the step's end); this one attaches the model and routes each call.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -32,9 +33,11 @@ from rr_core.replay.scope import MicrobatchScopes, in_backward
 from rr_core.replay.state import DEFAULT_MICROBATCH
 from rr_core.replay.topk import (
     TopK,
+    check_real_scores,
     in_score_order_T,
     native_ids,
     native_topk,
+    replay_checked,
     replay_topk,
     same_sets_T,
     topk_set_and_order_T,
@@ -49,8 +52,20 @@ __all__ = [
     "as_mode",
     "attached_router_count",
     "controller_of",
+    "replayed_unchecked_ids",
     "router_topk",
 ]
+
+#: Per thread: whether the latest replaying router call replayed ids armed with validate=False.
+_LATEST = threading.local()
+
+
+def replayed_unchecked_ids() -> bool:
+    """Whether the latest replaying router call on this thread replayed targets armed with
+    ``validate=False`` (ids never checked for range or repeats). Checked targets hold K distinct
+    ids per replayed row and native rows come from a top-k, so an adapter that sizes buffers as
+    K per row needs to count the routing map only after a call for which this is True."""
+    return bool(getattr(_LATEST, "unchecked", False))
 
 
 class ReplayController(Arming, MicrobatchScopes, StepReports):
@@ -94,6 +109,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         self._routers = []
         self._layers = ()
         self._index = {}
+        self._position = {}
         self._modes = []
         self._slot_maps = {}
         self._attached = False
@@ -127,6 +143,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         self._layers = tuple(layer for layer, _ in walked)
         self._routers = [router for _, router in walked]
         self._index = {id(router): i for i, router in enumerate(self._routers)}
+        self._position = {layer: i for i, layer in enumerate(self._layers)}
         self._modes = [ReplayMode.OFF] * len(self._routers)
         self._attached = True  # also with zero routers: a stage of dense layers only (A6)
         for router in self._routers:
@@ -139,6 +156,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
             if OWNERS.get(router) is self:
                 del OWNERS[router]
         self._routers, self._layers, self._index, self._modes = [], (), {}, []
+        self._position = {}
         self._attached = False
         self._slot_maps.clear()
         self._reset_step()
@@ -158,15 +176,19 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
             self._modes[i] = checked
 
     def mode_of(self, layer: int) -> ReplayMode:
-        return self._modes[self._indices_of([layer])[0]]
+        # adapters ask once per router call: a plain int of an attached layer is one lookup
+        # (type(...) is int: a bool or a numpy int goes the checked way, which says why)
+        index = self._position.get(layer) if type(layer) is int else None
+        if index is None:
+            index = self._indices_of([layer])[0]
+        return self._modes[index]
 
     def _indices_of(self, layers: Sequence[int]) -> list[int]:
         layers = layer_numbers_of(layers, "layers")
-        position = {layer: i for i, layer in enumerate(self._layers)}
-        missing = [layer for layer in layers if layer not in position]
+        missing = [layer for layer in layers if layer not in self._position]
         if missing:
             raise ReplayError(f"layers {missing} have no attached router; have {self._layers}")
-        return [position[layer] for layer in layers]
+        return [self._position[layer] for layer in layers]
 
     # -- the router call -------------------------------------------------------------------
     def route(
@@ -221,9 +243,9 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         # ids off the graph and values by gather, as the recompute above replays them: a
         # non-reentrant checkpoint then sees the same saved tensors in forward and recompute
         # (torch.topk saves the [T, K] ids, a gather the [T, E] scores too: CheckpointError)
-        ids_TK = native_ids(scores_TE, self.top_k)
+        ids_TK = native_ids(scores_TE, self.top_k)  # its top-k ranked these scores: all checked
         records[index] = ids_TK
-        return replay_topk(scores_TE, self.top_k, target_ids_TK=ids_TK, values_TE=values_TE)
+        return replay_checked(scores_TE, self.top_k, ids_TK, values_TE=values_TE)
 
     def _replay(
         self,
@@ -235,6 +257,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
     ) -> TopK:
         layer = self._layers[index]
         armed = self._armed.get(microbatch)
+        _LATEST.unchecked = armed is not None and not armed.validated
         if armed is None:
             message = (
                 f"layer {layer} fired in REPLAY for micro-batch {microbatch!r} but nothing is "
@@ -253,15 +276,18 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
             )
         exact = self.measure_agreement == "exact" and not backward
         native_TK = native_ids(scores_TE, self.top_k) if exact else None
+        # route() checked the scores' shape and k; arm() the targets' dtype and shape and the
+        # mask: only the scores' dtype is left to check here
+        check_real_scores(scores_TE)
         try:
-            out = replay_topk(
+            out = replay_checked(
                 scores_TE,
                 self.top_k,
-                target_ids_TK=target_TK,
-                replay_mask_T=armed.mask_T,
-                values_TE=values_TE,
-                native_ids_TK=native_TK,
-                native_rows_N=armed.native_rows_N,
+                target_TK,
+                armed.mask_T,
+                values_TE,
+                native_TK,
+                armed.native_rows_N,
             )
         except (IndexError, RuntimeError) as e:  # only unchecked (validate=False) ids get here
             bad = unchecked_ids_error(target_TK, armed.mask_T, self.num_experts)

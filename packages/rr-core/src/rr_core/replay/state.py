@@ -33,6 +33,7 @@ class Armed:
     native_rows_N: torch.Tensor | None = None  # rows outside the mask (found once, at arming)
     rows_T: torch.Tensor | None = None  # router row t replays source row rows_T[t]
     replayed_rows: int = 0  # how many rows replay (counted once, at arming)
+    validated: bool = False  # ids checked at arming (in range, distinct per replayed row)
 
     def target_TK(self, index: int) -> torch.Tensor:
         """The ``[T, K]`` ids router ``index`` (walk order) replays, in its token order."""
@@ -52,6 +53,7 @@ class ControllerState:
     _routers: list[nn.Module]
     _layers: tuple[int, ...]
     _index: dict[int, int]  # id(router) -> walk index
+    _position: dict[int, int]  # layer number -> walk index
     _modes: list[ReplayMode]
     _attached: bool
     _armed: dict[Hashable, Armed]

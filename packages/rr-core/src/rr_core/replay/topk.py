@@ -34,8 +34,8 @@ def native_topk(scores_TE: torch.Tensor, k: int, *, values_TE: torch.Tensor | No
 def native_ids(scores_TE: torch.Tensor, k: int) -> torch.Tensor:
     """The native top-k ids, off the autograd graph: ids carry no gradient, and a recompute
     that skips this call must save the same tensors as the forward that made it."""
-    with torch.no_grad():
-        return torch.topk(scores_TE, k, dim=-1).indices
+    # detach, not a no_grad block: the same top-k without entering and leaving a grad mode
+    return torch.topk(scores_TE.detach(), k, dim=-1).indices
 
 
 def replay_topk(
@@ -79,23 +79,56 @@ def replay_topk(
     ):
         got = getattr(replay_mask_T, "shape", type(replay_mask_T).__name__)
         raise ReplayError(f"replay_mask_T must be a bool tensor [T={T}]; got {got}")
+    return replay_checked(
+        scores_TE, k, target_ids_TK, replay_mask_T, values_TE, native_ids_TK, native_rows_N
+    )
+
+
+def replay_checked(
+    scores_TE: torch.Tensor,
+    k: int,
+    target_ids_TK: torch.Tensor,
+    replay_mask_T: torch.Tensor | None = None,
+    values_TE: torch.Tensor | None = None,
+    native_ids_TK: torch.Tensor | None = None,
+    native_rows_N: torch.Tensor | None = None,
+) -> TopK:
+    """:func:`replay_topk` for arguments already checked: scores ``[T, E]`` of real values, an
+    int ``k`` in ``[1, E]``, integer ``[T, k]`` targets and a bool ``[T]`` mask. The controller
+    checks the scores per call and the targets and mask once, when they are armed; on small
+    batches those checks cost as much as the ops themselves."""
     source_TE = scores_TE if values_TE is None else _values(values_TE, scores_TE)
-    ids_TK = target_ids_TK.to(device=scores_TE.device, dtype=torch.int64, non_blocking=True)
+    device = scores_TE.device
+    ids_TK = target_ids_TK
+    if ids_TK.dtype is not torch.int64 or ids_TK.device != device:
+        ids_TK = ids_TK.to(device=device, dtype=torch.int64, non_blocking=True)
     if replay_mask_T is not None and native_ids_TK is not None:
-        mask_T1 = replay_mask_T.to(device=scores_TE.device, non_blocking=True).unsqueeze(-1)
+        mask_T1 = _on(replay_mask_T, device).unsqueeze(-1)
         ids_TK = torch.where(mask_T1, ids_TK, native_ids_TK)
     elif replay_mask_T is not None:
         if native_rows_N is None:
             native_rows_N = (~replay_mask_T).nonzero().flatten()
         if native_rows_N.numel():
-            with torch.no_grad():  # off the graph, as native_ids: recompute saves the same
-                rows_N = native_rows_N.to(scores_TE.device, non_blocking=True)
-                native_NK = torch.topk(scores_TE.index_select(0, rows_N), k, dim=-1).indices
-                if ids_TK is target_ids_TK:  # the caller's tensor: never written
-                    ids_TK = ids_TK.index_copy(0, rows_N, native_NK)
-                else:  # a fresh copy (widened or moved): fill it in place
-                    ids_TK.index_copy_(0, rows_N, native_NK)
+            rows_N = _on(native_rows_N, device)
+            # off the graph (detached), as native_ids: a recompute saves the same tensors
+            native_NK = torch.topk(scores_TE.detach().index_select(0, rows_N), k, dim=-1).indices
+            if ids_TK is target_ids_TK:  # the caller's tensor: never written
+                ids_TK = ids_TK.index_copy(0, rows_N, native_NK)
+            else:  # a fresh copy (widened or moved): fill it in place
+                ids_TK.index_copy_(0, rows_N, native_NK)
     return TopK(source_TE.gather(-1, ids_TK), ids_TK)
+
+
+def _on(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # a .to() that has nothing to do still costs as much as a small op
+    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
+
+
+def check_real_scores(scores_TE: torch.Tensor) -> None:
+    """Scores a top-k can rank: not bool, not complex."""
+    dtype = scores_TE.dtype
+    if dtype is torch.bool or dtype.is_complex:
+        raise ReplayError(f"scores_TE must hold real scores; got dtype {dtype}")
 
 
 _NOT_IDS = frozenset({torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -122,8 +155,7 @@ def _check_scores(scores_TE: torch.Tensor, k: int, *, rows: bool = False) -> int
         raise ReplayError(
             f"scores_TE must be a {'[T, E]' if rows else '[..., E]'} tensor; got {got}"
         )
-    if scores_TE.dtype is torch.bool or scores_TE.dtype.is_complex:
-        raise ReplayError(f"scores_TE must hold real scores; got dtype {scores_TE.dtype}")
+    check_real_scores(scores_TE)
     e, n = scores_TE.shape[-1], as_index(k, "k", ReplayError)
     if not 1 <= n <= e:
         raise ReplayError(f"k must be in [1, E={e}]; got {k!r}")

@@ -1,0 +1,201 @@
+"""One replaying router call: the controller's checked-once path gives what the plain
+algorithm gives (ids, values, gradients), runs few ops, and its mode lookup follows the
+controller's state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from rr_core import ReplayController, ReplayError, ReplayMode, RRWarning, replay_topk
+from rr_core.replay.controller import replayed_unchecked_ids
+from rr_fakes import distinct_ids
+
+ID_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def _reference(
+    scores_TE: torch.Tensor,
+    k: int,
+    targets_TK: torch.Tensor,
+    mask_T: torch.Tensor | None,
+    values_TE: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The algorithm spelled out: armed ids on masked rows, a full native top-k elsewhere,
+    values gathered from the (value) scores."""
+    with torch.no_grad():
+        ids_TK = targets_TK.to(torch.int64).clone()
+        if mask_T is not None:
+            native_TK = torch.topk(scores_TE, k, dim=-1).indices
+            ids_TK[~mask_T] = native_TK[~mask_T]
+    source_TE = scores_TE if values_TE is None else values_TE
+    return source_TE.gather(-1, ids_TK), ids_TK
+
+
+def _controller(
+    e: int, k: int, agreement: bool | str = False
+) -> tuple[ReplayController, nn.Module]:
+    routers = [nn.Linear(1, 1), nn.Linear(1, 1)]
+    controller = ReplayController(num_experts=e, top_k=k, measure_agreement=agreement)
+    controller.attach(routers, walk=lambda _: [(1, routers[0]), (2, routers[1])])
+    controller.set_mode(ReplayMode.REPLAY)
+    return controller, routers[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    t=st.integers(1, 40),
+    e=st.integers(2, 32),
+    data=st.data(),
+)
+def test_a_replaying_call_matches_the_plain_algorithm_bit_for_bit(
+    t: int, e: int, data: st.DataObject
+) -> None:
+    k = data.draw(st.integers(1, e))
+    dtype = data.draw(st.sampled_from(ID_DTYPES))
+    masking = data.draw(st.sampled_from(["none", "random", "all", "nothing"]))
+    biased = data.draw(st.booleans())
+    by_rows = data.draw(st.booleans())
+    agreement = data.draw(st.sampled_from([False, True, "exact"]))
+    seed = data.draw(st.integers(0, 2**31))
+    g = torch.Generator().manual_seed(seed)
+    routes_TLK = distinct_ids(t, 2, num_experts=e, top_k=k, seed=seed).to(dtype)
+    before = routes_TLK.clone()
+    mask_T = {
+        "none": None,
+        "random": torch.rand(t, generator=g) < 0.7,
+        "all": torch.ones(t, dtype=torch.bool),
+        "nothing": torch.zeros(t, dtype=torch.bool),
+    }[masking]
+    rows_T = torch.randperm(t, generator=g) if by_rows else None
+    logits = torch.randn(t, e, generator=g, requires_grad=True)
+    scores_TE = torch.softmax(logits, dim=-1)
+    values_TE = scores_TE * 0.5 if biased else None
+
+    controller, router = _controller(e, k, agreement)
+    try:
+        controller.arm(0, routes_TLK, layer_numbers=(1, 2), replay_mask_T=mask_T, rows_T=rows_T)
+        out = controller.route(router, scores_TE, k, values_TE=values_TE)
+    finally:
+        controller.detach()
+    targets_TK = routes_TLK[:, 1] if rows_T is None else routes_TLK[rows_T, 1]
+    values_TK, ids_TK = _reference(scores_TE, k, targets_TK, mask_T, values_TE)
+    assert out.ids_TK.dtype == torch.int64
+    assert torch.equal(out.ids_TK, ids_TK)
+    assert torch.equal(out.values_TK, values_TK)
+    assert torch.equal(routes_TLK, before)  # armed routes are never written
+    weights_TK = torch.rand(t, k, generator=g)
+    (grad,) = torch.autograd.grad((out.values_TK * weights_TK).sum(), logits, retain_graph=True)
+    (expected,) = torch.autograd.grad((values_TK * weights_TK).sum(), logits)
+    assert torch.equal(grad, expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(t=st.integers(1, 24), e=st.integers(2, 16), data=st.data())
+def test_replay_topk_matches_the_plain_algorithm(t: int, e: int, data: st.DataObject) -> None:
+    k = data.draw(st.integers(1, e))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    scores_TE = torch.softmax(torch.randn(t, e, generator=g, requires_grad=True), dim=-1)
+    targets_TK = torch.rand(t, e, generator=g).topk(k, dim=-1).indices
+    targets_TK = targets_TK.to(data.draw(st.sampled_from(ID_DTYPES)))
+    before = targets_TK.clone()
+    mask_T = data.draw(st.sampled_from([None, torch.rand(t, generator=g) < 0.5]))
+    out = replay_topk(scores_TE, k, target_ids_TK=targets_TK, replay_mask_T=mask_T)
+    values_TK, ids_TK = _reference(scores_TE, k, targets_TK, mask_T, None)
+    assert torch.equal(out.ids_TK, ids_TK)
+    assert torch.equal(out.values_TK, values_TK)
+    assert torch.equal(targets_TK, before)
+
+
+class _Ops(TorchDispatchMode):
+    """The aten ops run inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_replaying_call_runs_only_the_ops_of_the_route(masked: bool) -> None:
+    # checks happen at arming; per call: the layer's ids, widened, R3's native rows (a top-k
+    # of those rows only, merged in one index_copy_) and one gather. No nonzero: no host sync
+    controller, router = _controller(8, 2)
+    try:
+        routes_TLK = distinct_ids(16, 2, num_experts=8, top_k=2, seed=0, dtype=torch.uint8)
+        mask_T = torch.ones(16, dtype=torch.bool)
+        mask_T[-2:] = False
+        controller.arm(
+            0, routes_TLK, layer_numbers=(1, 2), replay_mask_T=mask_T if masked else None
+        )
+        scores_TE = torch.softmax(torch.randn(16, 8, requires_grad=True), dim=-1)
+        with _Ops() as seen:
+            controller.route(router, scores_TE, 2)
+    finally:
+        controller.detach()
+    native = ["detach", "index_select", "topk", "index_copy_"] if masked else []
+    assert seen.ops == ["select", "_to_copy", *native, "gather"]
+
+
+def test_scores_that_rank_nothing_still_fail_with_their_dtype() -> None:
+    controller, router = _controller(4, 2)
+    try:
+        controller.arm(0, distinct_ids(3, 2, num_experts=4, top_k=2, seed=1), layer_numbers=(1, 2))
+        with pytest.raises(
+            ReplayError, match=r"scores_TE must hold real scores; got dtype torch.bool"
+        ):
+            controller.route(router, torch.zeros(3, 4, dtype=torch.bool), 2)
+        with pytest.raises(ReplayError, match=r"controller expects \[T, 4\] and k=2"):
+            controller.route(router, torch.rand(3, 5), 2)
+    finally:
+        controller.detach()
+
+
+def test_mode_of_follows_set_mode_attach_and_detach() -> None:
+    routers = [nn.Linear(1, 1) for _ in range(3)]
+    controller = ReplayController(num_experts=4, top_k=2)
+    controller.attach(routers, walk=lambda _: [(2, routers[0]), (5, routers[1])])
+    assert controller.mode_of(2) is ReplayMode.OFF
+    controller.set_mode(ReplayMode.REPLAY, layers=[5])
+    assert controller.mode_of(5) is ReplayMode.REPLAY
+    assert controller.mode_of(np.int64(5)) is ReplayMode.REPLAY  # a numpy int: the checked way
+    assert controller.mode_of(2) is ReplayMode.OFF
+    with pytest.raises(ReplayError, match=r"layers \[3\] have no attached router; have \(2, 5\)"):
+        controller.mode_of(3)
+    with pytest.raises(ReplayError, match=r"1-based integer layer numbers; got \[True\]"):
+        controller.mode_of(True)  # True == 1 as a dict key: never taken for layer 1
+    controller.attach(routers, walk=lambda _: [(1, routers[2])])
+    assert controller.mode_of(1) is ReplayMode.OFF
+    with pytest.raises(ReplayError, match=r"layers \[5\] have no attached router; have \(1,\)"):
+        controller.mode_of(5)
+    controller.detach()
+    with pytest.raises(ReplayError, match=r"layers \[1\] have no attached router; have \(\)"):
+        controller.mode_of(1)
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_the_latest_call_tells_whether_its_ids_were_checked(validate: bool) -> None:
+    controller, router = _controller(4, 2)
+    try:
+        routes_TLK = distinct_ids(3, 2, num_experts=4, top_k=2, seed=2)
+        controller.arm(0, routes_TLK, layer_numbers=(1, 2), validate=validate)
+        controller.route(router, torch.rand(3, 4), 2)
+        assert replayed_unchecked_ids() is not validate
+    finally:
+        controller.detach()
+    lenient, router = _controller(4, 2)
+    lenient.strict = False
+    try:
+        with pytest.warns(RRWarning, match="nothing is armed"):
+            lenient.route(router, torch.rand(3, 4), 2)  # native: nothing unchecked replayed
+        assert not replayed_unchecked_ids()
+    finally:
+        lenient.detach()
