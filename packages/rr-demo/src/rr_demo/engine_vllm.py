@@ -58,7 +58,7 @@ def engine_families(backend: str) -> tuple[str, ...]:
     if backend == "megatron":
         from rr_fakes.megatron.hf_loader import HF_LOADER_FAMILIES
 
-        return HF_LOADER_FAMILIES
+        return tuple(f for f in HF_LOADER_FAMILIES if f != "deepseek_v3")
     return tuple(f for f in FAMILIES if f != "deepseek_v3")
 
 

@@ -5,10 +5,12 @@ transformers and in Megatron, so a rollout's routes can be replayed in Megatron 
 that produced them.
 
 Families: ``qwen3_moe``, ``qwen2_moe`` (with its gated shared expert), ``mixtral``, ``olmoe``
-(its q / k norms over all heads at once: :mod:`rr_fakes.megatron.hf_qk_norm` in the layer spec)
-and ``glm4_moe`` (sigmoid scores with a selection bias, grouped top-k, partial RoPE, shared experts
+(its q / k norms over all heads at once: :mod:`rr_fakes.megatron.hf_qk_norm` in the layer spec),
+``glm4_moe`` (sigmoid scores with a selection bias, grouped top-k, partial RoPE, shared experts
 without a gate; grouped only where ``num_experts_per_tok = 2 * topk_group``, the one case where
-Megatron's group scores equal HF's and vLLM's).
+Megatron's group scores equal HF's and vLLM's) and ``deepseek_v3`` (that router, with MLA:
+``MLATransformerConfig``, and :mod:`rr_fakes.megatron.hf_mla_attention` as its core attention,
+which Megatron's local spec lacks).
 
 The architecture, from the HF config (``TransformerConfig`` fields unless said otherwise):
 
