@@ -139,11 +139,11 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     result["expand"] = expand(shipped, convert if verl is not None else None, repeat)
     if verl is not None:
         result["side_by_side"] = side_by_side(reqs, meta, prompts, tokens, convert, repeat)
-        result["agent_loop"] = agent_loop(verl[0], reqs, tokens, repeat)
+        result["agent_loop"] = agent_loop_hop(verl[0], reqs, tokens, repeat)
     return result
 
 
-def agent_loop(module: Any, reqs: list[Any], tokens: int, repeat: int) -> dict[str, Any]:
+def agent_loop_hop(module: Any, reqs: list[Any], tokens: int, repeat: int) -> dict[str, Any]:
     """verl's agent-loop-to-engine hop with and without rr's rollout side (see the doc)."""
     import pickle
 
