@@ -21,10 +21,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import rr_vllm.verl as rollout
 from rr_core import CODECS, AlignmentError, ReplayController, ReplayError, RouteValidationError
 from rr_fakes.engines import VllmEra, vllm_request_output
+from rr_fakes.pytest_support import settles
+from rr_fakes.sweeps import ANYTHING, SWEEP, arrays, tensors
 from rr_vllm import EngineOutputError, VerlRoutes, moe_layer_numbers, route_meta_of
 from vllm_testing import distinct_routes
 
@@ -398,3 +402,48 @@ def test_readme_verl_example_runs(
     (block,) = re.findall(r"```python verl\n(.*?)```", readme.read_text(), flags=re.DOTALL)
     exec(compile(block, str(readme), "exec"), {"__name__": "readme"})
     assert capsys.readouterr().out == "True\n"
+
+
+# -- bad input: an rr error, never a raw exception -------------------------------------------------
+
+
+def _agent_output(draw: st.DrawFn) -> Any:
+    """An agent-loop output of plausible and implausible fields (duck-typed, as verl's is read)."""
+    p, g = draw(st.integers(0, 4)), draw(st.integers(0, 4))
+    return SimpleNamespace(
+        prompt_ids=draw(st.one_of(st.just(list(range(p))), ANYTHING)),
+        response_ids=draw(st.one_of(st.just(list(range(g))), ANYTHING)),
+        response_mask=draw(st.one_of(st.just([1] * g), ANYTHING)),
+        routed_experts=draw(st.one_of(arrays(), ANYTHING)),
+    )
+
+
+META_5 = route_meta_of(
+    {"num_hidden_layers": 5, "num_experts": 16, "num_experts_per_tok": 4, "mlp_only_layers": [0]}
+)
+
+
+@SWEEP
+@given(
+    output=st.one_of(st.builds(SimpleNamespace), ANYTHING, st.composite(_agent_output)()),
+    meta=st.one_of(st.just(META_5), ANYTHING),
+    codec=st.one_of(st.sampled_from(CODECS), ANYTHING),
+)
+def test_compact_sample_refuses_junk(output: Any, meta: Any, codec: Any) -> None:
+    ok, routes = settles(rollout.compact_sample, output, meta, codec=codec)
+    if ok:
+        assert isinstance(routes, VerlRoutes)
+        assert routes.num_samples == 1
+
+
+@SWEEP
+@given(
+    parts=st.one_of(st.lists(st.one_of(st.none(), ANYTHING), max_size=3), ANYTHING),
+    offsets=st.one_of(tensors(), ANYTHING),
+    trained=st.one_of(tensors(), ANYTHING),
+    device=st.one_of(st.none(), ANYTHING),
+)
+def test_expand_samples_refuses_junk(parts: Any, offsets: Any, trained: Any, device: Any) -> None:
+    ok, routes = settles(rollout.expand_samples, parts, offsets, trained, device=device)
+    if ok and routes is not None:
+        assert routes.is_nested

@@ -35,11 +35,13 @@ from packaging.version import Version
 from rr_core import AlignmentError, ReplayError, RouteMeta, decode_routes_into
 from rr_core.adapters import Adapter, Attachment
 from rr_core.buffers import zeros
+from rr_core.checks import check_sequence, check_tensor, describe
 from rr_core.codecs.encoding import check_codec
 from rr_vllm.capture import route_meta_of
 from rr_vllm.errors import EngineOutputError
-from rr_vllm.fields import token_count
+from rr_vllm.fields import attr, token_count
 from rr_vllm.samples import SampleRoutes, as_rows
+from rr_vllm.validate import check_all_layers
 from rr_vllm.verl.routes import VERL_DTYPE, VerlRoutes, pack_for_verl
 
 #: The non-tensor field of verl's batch that carries each sample's compact routes.
@@ -62,15 +64,13 @@ def compact_sample(output: Any, meta: RouteMeta, *, codec: str = "packed") -> Ve
     no route, which is refused where a trained token (``response_mask`` 1) follows them, since
     verl would replay expert 0 there and that changes the trained token's log-prob."""
     what = "the agent loop's routed_experts"
-    p = token_count(output.prompt_ids, "the agent loop's prompt_ids")
-    g = token_count(output.response_ids, "the agent loop's response_ids")
-    mask = np.asarray(output.response_mask)
-    if mask.shape != (g,):
-        raise AlignmentError(
-            f"the agent loop's response_mask has shape {mask.shape}; expected ({g},), one entry "
-            "per response token"
-        )
-    rows = as_rows(output.routed_experts, what)
+    check_all_layers(meta)
+    codec = check_codec(codec)
+    field = {n: attr(output, n, "the agent-loop output") for n in _OUTPUT_FIELDS}
+    p = token_count(field["prompt_ids"], "the agent loop's prompt_ids")
+    g = token_count(field["response_ids"], "the agent loop's response_ids")
+    mask = _response_mask(field["response_mask"], g)
+    rows = as_rows(field["routed_experts"], what)
     n, t = rows.shape[0], p + g
     shape = (len(meta.layer_numbers), meta.top_k)
     if rows.shape[1:] != shape:
@@ -96,6 +96,24 @@ def compact_sample(output: Any, meta: RouteMeta, *, codec: str = "packed") -> Ve
         finish_reason=None,
     )
     return pack_for_verl([sample], meta, codec=codec)
+
+
+#: What :func:`compact_sample` reads of an agent-loop output.
+_OUTPUT_FIELDS = ("prompt_ids", "response_ids", "response_mask", "routed_experts")
+
+
+def _response_mask(value: Any, g: int) -> np.ndarray:
+    """verl's response mask (1 trained, 0 not) as an integer array of one entry per token."""
+    try:
+        mask = np.asarray(value)
+    except (TypeError, ValueError) as e:  # ragged lists, objects numpy cannot read
+        raise AlignmentError(f"the agent loop's response_mask is unreadable ({e})") from e
+    if mask.shape != (g,) or (g and mask.dtype.kind not in "biu"):
+        raise AlignmentError(
+            f"the agent loop's response_mask has shape {mask.shape} and dtype {mask.dtype}; "
+            f"expected ({g},) integers, one per response token"
+        )
+    return mask
 
 
 def _check_trained_tail(n: int, p: int, mask: np.ndarray, what: str) -> None:
@@ -125,8 +143,13 @@ def expand_samples(
     sample has none), laid on the batch's rows (``offsets_B1``, the jagged ``input_ids``'
     offsets), equal to verl's own tensor. None when no sample has routes; a sample without
     routes is refused where it has trained tokens (``trained_B``), and left zero otherwise."""
+    parts = check_sequence(parts, "expand_samples' parts", EngineOutputError, of=_PART)
+    offsets_B1 = check_tensor(offsets_B1, "offsets_B1", AlignmentError, ndim=1, integer=True)
+    trained_B = check_tensor(trained_B, "trained_B", AlignmentError, ndim=1)
     b = len(parts)
-    lengths = offsets_B1.diff().tolist()
+    lengths = offsets_B1.diff().tolist() if offsets_B1.numel() else []
+    if offsets_B1.numel() and (int(offsets_B1[0]) != 0 or min(lengths, default=0) < 0):
+        raise AlignmentError(f"offsets_B1 must start at 0 and never fall; got {offsets_B1}")
     if len(lengths) != b or trained_B.shape != (b,):
         raise AlignmentError(
             f"{b} samples of routes for a batch of {len(lengths)} sequences and "
@@ -152,12 +175,25 @@ def expand_samples(
                 f"{present[0][0]}'s meta is {meta}: every sample must be one agent-loop sample "
                 "of one model"
             )
-    dev = offsets_B1.device if device is None else torch.device(device)
+    dev = _device(device, offsets_B1.device)
     out_NLK = zeros((int(offsets_B1[-1]), len(meta.layer_numbers), meta.top_k), VERL_DTYPE, dev)
     starts = offsets_B1.tolist()
     for i, part in present:
         decode_routes_into(part.encoded, out_NLK[starts[i] : starts[i + 1]])
     return torch.nested.nested_tensor_from_jagged(out_NLK, offsets_B1.to(dev, torch.int64))
+
+
+_PART = (VerlRoutes, type(None))
+
+
+def _device(value: object, default: torch.device) -> torch.device:
+    if value is None:
+        return default
+    try:
+        device: torch.device = torch.device(value)  # type: ignore[call-overload]
+    except (TypeError, RuntimeError, ValueError) as e:
+        raise EngineOutputError(f"device must name a torch device; got {describe(value)}") from e
+    return device
 
 
 # -- the hooks -----------------------------------------------------------------------------------
