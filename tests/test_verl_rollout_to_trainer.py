@@ -10,8 +10,6 @@ Runs where verl and megatron-core import (the ``verl`` nox session)."""
 
 from __future__ import annotations
 
-import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -62,30 +60,18 @@ def agent_loop_batch(answers: list[Any], cfg: Any) -> Any:
     """verl's agent-loop worker turning the engine's answers into the batch it returns:
     ``AgentLoopOutput`` per sample as its single-turn loop builds one, then
     ``_agent_loop_postprocess`` and ``_postprocess`` on a worker holding what those read."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig
+    from transformers import Qwen3MoeConfig
     from verl.experimental.agent_loop import agent_loop as al
 
-    worker = object.__new__(al.AgentLoopWorker)
-    worker.tokenizer = PreTrainedTokenizerFast(  # pads with id 0, as the engine's forward does
-        tokenizer_object=Tokenizer(WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]")),
-        pad_token="[PAD]",
-    )
-    worker.processor = None
-    worker.mm_processor_kwargs = None
-    worker.reward_loop_worker_handles = None
-    worker.distillation_enabled = False
-    worker.model_config = SimpleNamespace(
-        hf_config=Qwen3MoeConfig(  # the trainer's GPTModel as a Hugging Face config
+    worker = vh.agent_loop_worker(
+        Qwen3MoeConfig(  # the trainer's GPTModel as a Hugging Face config
             num_hidden_layers=cfg.num_layers,
             num_experts=cfg.num_experts,
             num_experts_per_tok=cfg.top_k,
             mlp_only_layers=[0],
-        )
-    )
-    worker.rollout_config = SimpleNamespace(
-        prompt_length=max(vh.PROMPTS), response_length=max(vh.RESPONSES)
+        ),
+        prompt_length=max(vh.PROMPTS),
+        response_length=max(vh.RESPONSES),
     )
     outputs = [
         al.AgentLoopOutput(
@@ -98,12 +84,7 @@ def agent_loop_batch(answers: list[Any], cfg: Any) -> Any:
         for a in answers
     ]
 
-    async def each() -> list[Any]:
-        return [
-            await worker._agent_loop_postprocess(o, validate=False, raw_prompt=[]) for o in outputs
-        ]
-
-    return worker._postprocess(asyncio.run(each()))
+    return vh.agent_loop_batch(worker, outputs)
 
 
 def trainer_batch(proto: Any) -> Any:

@@ -36,13 +36,11 @@ Usage: ``python bench_vllm_verl.py [--samples 64] [--tokens 4096] [--repeat 7] [
 
 from __future__ import annotations
 
-import asyncio
 import json
 import statistics
 import time
 import warnings
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -90,16 +88,7 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     theirs = None
     if verl is not None:
         agent_loop, to_tensordict = verl
-        outputs = [
-            agent_loop.AgentLoopOutput(
-                prompt_ids=r.prompt_token_ids,
-                response_ids=r.outputs[0].token_ids,
-                response_mask=[1] * len(r.outputs[0].token_ids),
-                routed_experts=r.outputs[0].routed_experts,
-                metrics=agent_loop.AgentLoopMetrics(),
-            )
-            for r in reqs
-        ]
+        outputs = agent_loop_outputs(agent_loop, reqs)
 
         def convert() -> Any:
             return to_tensordict([o.as_dict() for o in outputs])["routed_experts"]
@@ -147,42 +136,15 @@ def agent_loop_hop(module: Any, reqs: list[Any], tokens: int, repeat: int) -> di
     """verl's agent-loop-to-engine hop with and without rr's rollout side (see the doc)."""
     import pickle
 
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
     from verl.workers.utils import padding  # read at each call: install() patches it
 
     import rr_vllm.verl as rollout
+    from rr_fakes.verl import agent_loop_batch, agent_loop_worker
 
-    worker = object.__new__(module.AgentLoopWorker)
-    worker.tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]")),
-        pad_token="[PAD]",
-    )
-    worker.processor = worker.mm_processor_kwargs = worker.reward_loop_worker_handles = None
-    worker.distillation_enabled = False
     config = {"num_hidden_layers": LAYERS, "num_experts": EXPERTS, "num_experts_per_tok": TOP_K}
-    worker.model_config = SimpleNamespace(hf_config=config)
-    worker.rollout_config = SimpleNamespace(
-        prompt_length=tokens // 4, response_length=tokens - tokens // 4
+    worker = agent_loop_worker(
+        config, prompt_length=tokens // 4, response_length=tokens - tokens // 4
     )
-
-    def outputs() -> list[Any]:
-        return [
-            module.AgentLoopOutput(
-                prompt_ids=r.prompt_token_ids,
-                response_ids=r.outputs[0].token_ids,
-                response_mask=[1] * len(r.outputs[0].token_ids),
-                routed_experts=r.outputs[0].routed_experts,
-                metrics=module.AgentLoopMetrics(),
-            )
-            for r in reqs
-        ]
-
-    async def each(items: list[Any]) -> list[Any]:
-        return [
-            await worker._agent_loop_postprocess(o, validate=False, raw_prompt=[]) for o in items
-        ]
 
     sides: dict[str, dict[str, float]] = {}
     shipped: dict[str, int] = {}
@@ -192,9 +154,9 @@ def agent_loop_hop(module: Any, reqs: list[Any], tokens: int, repeat: int) -> di
             if codec is not None:
                 rollout.install(codec=codec)
             try:
-                items = outputs()
+                items = agent_loop_outputs(module, reqs)
                 start = time.perf_counter()
-                proto = worker._postprocess(asyncio.run(each(items)))
+                proto = agent_loop_batch(worker, items)
                 wire = pickle.dumps(proto, protocol=5)
                 middle = time.perf_counter()
                 data = padding.left_right_2_no_padding(pickle.loads(wire).to_tensordict())
@@ -219,7 +181,9 @@ def agent_loop_hop(module: Any, reqs: list[Any], tokens: int, repeat: int) -> di
     sides.clear()
     times = alternate(paths, repeat)
     num_tokens = sum(len(r.prompt_token_ids) + len(r.outputs[0].token_ids) for r in reqs)
-    no_routes = len(pickle.dumps(worker._postprocess(asyncio.run(each(_without(outputs()))))))
+    no_routes = len(
+        pickle.dumps(agent_loop_batch(worker, _without(agent_loop_outputs(module, reqs))))
+    )
     route_bytes = {name: (n - no_routes) / num_tokens for name, n in shipped.items()}
     return {
         "equal_to_verl": equal,
@@ -234,6 +198,20 @@ def agent_loop_hop(module: Any, reqs: list[Any], tokens: int, repeat: int) -> di
         "shipped_bytes_per_token": route_bytes,
         "shipped_over_verl": {n: b / route_bytes["verl"] for n, b in route_bytes.items()},
     }
+
+
+def agent_loop_outputs(module: Any, reqs: list[Any]) -> list[Any]:
+    """verl's ``AgentLoopOutput`` of each engine answer, as its single-turn loop builds one."""
+    return [
+        module.AgentLoopOutput(
+            prompt_ids=r.prompt_token_ids,
+            response_ids=r.outputs[0].token_ids,
+            response_mask=[1] * len(r.outputs[0].token_ids),
+            routed_experts=r.outputs[0].routed_experts,
+            metrics=module.AgentLoopMetrics(),
+        )
+        for r in reqs
+    ]
 
 
 def _without(items: list[Any]) -> list[Any]:

@@ -6,7 +6,6 @@ jagged ``routed_experts`` field) and ``AgentLoopWorker._agent_loop_postprocess``
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import warnings
@@ -37,6 +36,7 @@ from rr_fakes.engines import (
     vllm_http_response,
     vllm_request_output,
 )
+from rr_fakes.verl import agent_loop_batch, agent_loop_worker
 from rr_vllm import (
     EngineOutputError,
     SampleRoutes,
@@ -362,9 +362,6 @@ def verl() -> SimpleNamespace:
                 from verl.utils.megatron import router_replay_utils
                 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
                 from verl.workers.utils.padding import left_right_2_no_padding
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        from transformers import PreTrainedTokenizerFast
     except Exception as e:  # verl or one of its imports is missing
         pytest.skip(f"verl 0.9.1 is not importable here ({type(e).__name__}: {e})")
     return SimpleNamespace(
@@ -372,10 +369,6 @@ def verl() -> SimpleNamespace:
         list_of_dict_to_tensordict=list_of_dict_to_tensordict,
         left_right_2_no_padding=left_right_2_no_padding,
         replay=router_replay_utils,
-        tokenizer=PreTrainedTokenizerFast(
-            tokenizer_object=Tokenizer(WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]")),
-            pad_token="[PAD]",
-        ),
     )
 
 
@@ -403,26 +396,9 @@ def verl_jagged(verl: SimpleNamespace, r: Rollout, rows: list[Any] | None = None
 def verl_padded_batch(
     verl: SimpleNamespace, r: Rollout, prompt_length: int, response_length: int
 ) -> Any:
-    """verl's DataProto path: ``_agent_loop_postprocess`` per sample, then ``_postprocess``, on an
-    ``AgentLoopWorker`` holding only what those two read (no reward loop, no distillation, no
-    multi-modal processor)."""
-    worker = object.__new__(verl.agent_loop.AgentLoopWorker)
-    worker.tokenizer = verl.tokenizer
-    worker.processor = None
-    worker.mm_processor_kwargs = None
-    worker.reward_loop_worker_handles = None
-    worker.distillation_enabled = False
-    worker.rollout_config = SimpleNamespace(
-        prompt_length=prompt_length, response_length=response_length
-    )
-
-    async def each() -> list[Any]:
-        return [
-            await worker._agent_loop_postprocess(o, validate=False, raw_prompt=[])
-            for o in _outputs(verl, r)
-        ]
-
-    return worker._postprocess(asyncio.run(each())).batch
+    """verl's DataProto path: ``_agent_loop_postprocess`` per sample, then ``_postprocess``."""
+    worker = agent_loop_worker(prompt_length=prompt_length, response_length=response_length)
+    return agent_loop_batch(worker, _outputs(verl, r)).batch
 
 
 @pytest.fixture(

@@ -8,7 +8,6 @@ Skipped where verl cannot be imported (the ``verl`` nox session has it)."""
 
 from __future__ import annotations
 
-import asyncio
 import pickle
 import re
 import warnings
@@ -26,6 +25,7 @@ from hypothesis import strategies as st
 
 import rr_vllm.verl as rollout
 from rr_core import CODECS, AlignmentError, ReplayController, ReplayError, RouteValidationError
+from rr_fakes import verl as harness
 from rr_fakes.engines import VllmEra, vllm_request_output
 from rr_fakes.pytest_support import settles
 from rr_fakes.sweeps import ANYTHING, SWEEP, arrays, tensors
@@ -46,9 +46,7 @@ def verl() -> SimpleNamespace:
             with megatron_cpu():
                 from verl.experimental.agent_loop import agent_loop
                 from verl.workers.utils import padding
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig
+        from transformers import Qwen3MoeConfig
     except Exception as e:  # verl or one of its imports is missing
         pytest.skip(f"verl 0.9.1 is not importable here ({type(e).__name__}: {e})")
     return SimpleNamespace(
@@ -56,10 +54,6 @@ def verl() -> SimpleNamespace:
         padding=padding,
         config=Qwen3MoeConfig(  # 5 layers, the first dense; top-4 of 16
             num_hidden_layers=5, num_experts=16, num_experts_per_tok=4, mlp_only_layers=[0]
-        ),
-        tokenizer=PreTrainedTokenizerFast(
-            tokenizer_object=Tokenizer(WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]")),
-            pad_token="[PAD]",
         ),
     )
 
@@ -126,23 +120,14 @@ def agent_loop_batch(
     config: Any = None,
     lengths: tuple[int, int] = (PROMPT_LENGTH, RESPONSE_LENGTH),
 ) -> Any:
-    """verl's DataProto path on an ``AgentLoopWorker`` holding what it reads: per sample
-    ``_agent_loop_postprocess``, then ``_postprocess`` (what the worker returns by Ray)."""
-    worker = object.__new__(verl.agent_loop.AgentLoopWorker)
-    worker.tokenizer = verl.tokenizer
-    worker.processor = None
-    worker.mm_processor_kwargs = None
-    worker.reward_loop_worker_handles = None
-    worker.distillation_enabled = False
-    worker.model_config = SimpleNamespace(hf_config=verl.config if config is None else config)
-    worker.rollout_config = SimpleNamespace(prompt_length=lengths[0], response_length=lengths[1])
-
-    async def each() -> list[Any]:
-        return [
-            await worker._agent_loop_postprocess(o, validate=False, raw_prompt=[]) for o in samples
-        ]
-
-    return worker._postprocess(asyncio.run(each()))
+    """verl's DataProto path: per sample ``_agent_loop_postprocess``, then ``_postprocess`` (what
+    the agent-loop worker returns by Ray)."""
+    worker = harness.agent_loop_worker(
+        verl.config if config is None else config,
+        prompt_length=lengths[0],
+        response_length=lengths[1],
+    )
+    return harness.agent_loop_batch(worker, samples)
 
 
 def trainer_batch(verl: SimpleNamespace, proto: Any) -> Any:

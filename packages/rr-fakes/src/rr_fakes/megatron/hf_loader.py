@@ -334,10 +334,12 @@ def build_gpt_for(spec: HFGPTSpec) -> nn.Module:
     tc = transformer_config(spec.gpt)
     stage_kw = {"vp_stage": None} if megatron_flags().vp_stage_kwarg else {}
     block_spec = specs.get_gpt_decoder_block_spec(tc, use_transformer_engine=False, **stage_kw)
-    if spec.family == "olmoe":
-        block_spec = _with_all_heads_qk_norm(block_spec)
-    if spec.gpt.extra.get("multi_latent_attention"):
-        block_spec = _with_mla_core_attention(block_spec)
+    if spec.family == "olmoe":  # its q / k norms span all heads at once
+        block_spec = _with_attention(
+            block_spec, q_layernorm=QueryHeadsRMSNorm, k_layernorm=KeyHeadsRMSNorm
+        )
+    if spec.gpt.extra.get("multi_latent_attention"):  # keys wider than values
+        block_spec = _with_attention(block_spec, core_attention=MLACoreAttention)
     model: nn.Module = gpt_model.GPTModel(
         config=tc,
         transformer_layer_spec=block_spec,
@@ -354,27 +356,13 @@ def build_gpt_for(spec: HFGPTSpec) -> nn.Module:
     return model
 
 
-def _with_all_heads_qk_norm(block_spec: Any) -> Any:
-    """The block spec with OLMoE's q / k norms (over all heads at once) in every layer."""
+def _with_attention(block_spec: Any, **modules: Any) -> Any:
+    """The block spec with ``modules`` in place of those of every layer's self-attention."""
     layers = []
     for layer in block_spec.layer_specs:
         attention = layer.submodules.self_attention
-        norms = dataclasses.replace(
-            attention.submodules, q_layernorm=QueryHeadsRMSNorm, k_layernorm=KeyHeadsRMSNorm
-        )
-        attention = dataclasses.replace(attention, submodules=norms)
-        sub = dataclasses.replace(layer.submodules, self_attention=attention)
-        layers.append(dataclasses.replace(layer, submodules=sub))
-    return dataclasses.replace(block_spec, layer_specs=layers)
-
-
-def _with_mla_core_attention(block_spec: Any) -> Any:
-    """The block spec with :class:`MLACoreAttention` as every layer's core attention."""
-    layers = []
-    for layer in block_spec.layer_specs:
-        attention = layer.submodules.self_attention
-        core = dataclasses.replace(attention.submodules, core_attention=MLACoreAttention)
-        attention = dataclasses.replace(attention, submodules=core)
+        parts = dataclasses.replace(attention.submodules, **modules)
+        attention = dataclasses.replace(attention, submodules=parts)
         sub = dataclasses.replace(layer.submodules, self_attention=attention)
         layers.append(dataclasses.replace(layer, submodules=sub))
     return dataclasses.replace(block_spec, layer_specs=layers)

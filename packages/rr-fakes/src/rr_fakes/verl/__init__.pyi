@@ -1,6 +1,10 @@
 """The public names of rr_fakes.verl, each listed once. ``__init__.py`` loads each name from its
 module on first use (lazy_loader)."""
 
+from ._agent_loop import (
+    agent_loop_batch as agent_loop_batch,
+    agent_loop_worker as agent_loop_worker,
+)
 from ._attention import (
     ThdCoreAttention as ThdCoreAttention,
     use_thd_attention as use_thd_attention,
