@@ -218,13 +218,21 @@ def test_the_report_puts_agreement_beside_the_provenance_of_the_routes(tmp_path:
     ]
 
 
+#: the kernel families a controller can count agreement with here (numba: on the host as each
+#: call runs; numpy: the torch tests, kept pending and summed at the report)
+FAMILIES = kernels.KERNELS if kernels.numba_available() else ("numpy",)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("limit", [1 << 24, 5])
 def test_counts_summed_late_equal_each_calls_own(
-    limit: int, monkeypatch: pytest.MonkeyPatch
+    limit: int, family: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Router calls keep their row tests unsummed; the counts read at the report (or summed
-    early once too many rows wait) are each call's own counts added up, empty calls too."""
+    """Router calls keep their row tests unsummed (or count them on the host); the counts read
+    at the report (or summed early once too many rows wait) are each call's own counts added
+    up, empty calls too."""
     monkeypatch.setattr(report, "MAX_PENDING_ROWS", limit)
+    monkeypatch.setattr(kernels, "_CHOSEN", [family])
     g = torch.Generator().manual_seed(0)
     controller = ReplayController(num_experts=8, top_k=2)
     routers = [ScoreRouter(1), ScoreRouter(2)]
@@ -257,3 +265,42 @@ def test_counts_summed_late_equal_each_calls_own(
     controller.detach()
     assert report_.agreement == {k: v[0] / v[2] for k, v in want.items()}
     assert report_.order_agreement == {k: v[1] / v[2] for k, v in want.items()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(0, 24),
+    experts=st.integers(2, 10),
+    data=st.data(),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+)
+def test_host_counts_and_device_tests_report_the_same(
+    rows: int, experts: int, data: st.DataObject, dtype: torch.dtype
+) -> None:
+    """The step report is the same whichever way the calls counted: on the host in the
+    compiled pass (CPU float scores under numba) or as pending torch tests summed at the end;
+    ties, unordered slots, masks, a row index and several calls per router included."""
+    k = data.draw(st.integers(1, experts))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    values = torch.tensor([0.0, 0.25, 0.5, 1.0, -1.0], dtype=dtype)  # ties are common
+    scores = [values[torch.randint(5, (rows, experts), generator=g)] for _ in range(2)]
+    targets = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(rows + 1)])
+    rows_T = torch.randint(rows + 1, (rows,), generator=g) if data.draw(st.booleans()) else None
+    mask = torch.rand(rows, generator=g) < 0.7 if data.draw(st.booleans()) else None
+    reports = []
+    for family in FAMILIES:
+        router = ScoreRouter(1)
+        ctrl = ReplayController(num_experts=experts, top_k=k)
+        ctrl.attach(nn.ModuleList([router]))
+        ctrl.set_mode(ReplayMode.REPLAY)
+        routes = (targets if rows_T is not None else targets[:rows])[:, None].to(torch.uint8)
+        with kernels.use_kernel(family):
+            ctrl.arm(0, routes, layer_numbers=[1], replay_mask_T=mask, rows_T=rows_T)
+            for scores_TE in scores:  # two forwards of one micro-batch
+                router(scores_TE, k)
+            got = ctrl.end_step()
+        ctrl.detach()
+        reports.append((got.agreement, got.order_agreement))
+    assert all(r == reports[0] for r in reports)
+    replayed = rows if mask is None else int(mask.sum())
+    assert set(reports[0][0]) == ({1} if replayed else set())

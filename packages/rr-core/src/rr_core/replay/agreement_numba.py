@@ -3,10 +3,11 @@ compiled into one pass over the scores (numba, optional, as :mod:`rr_core.kernel
 
 Per row: the lowest score of the replayed set and whether its slots are in score order, then
 the best score outside the set; the row agrees when that is no higher (a tie agrees), exactly
-the torch path's formulas. On a CPU the torch path's eight small ops cost far more than their
-data (about 100 us for 512 rows of 32 experts); this pass costs about a tenth of it. Used for
-CPU float32 / float64 scores and int64 ids when the numba kernels run; the torch path
-otherwise.
+the torch path's formulas. The pass either writes both tests per row or, for the controller,
+adds the counts of the rows inside the replay mask straight into the step's tally: on a CPU the
+torch path's small ops (the tests, the mask, the tally's sums) cost far more than their data,
+and a count kept on the host needs no sum at the step's end. Used for CPU float32 / float64
+scores and int64 ids when the numba kernels run; the torch path otherwise.
 
 Shapes: T rows, E experts, K top-k.
 """
@@ -21,14 +22,19 @@ import torch
 from rr_core import kernels
 
 _KERNEL: list[Callable[..., None]] = []
+_NO_ROWS = np.zeros(0, dtype=np.bool_)  # "no per-row output" / "no mask: every row counts"
 
 
 def _build() -> Callable[..., None]:
-    def scan(scores_TE, ids_TK, agree_T, in_order_T):  # type: ignore[no-untyped-def]
+    def scan(scores_TE, ids_TK, mask_T, agree_T, in_order_T, hits_2):  # type: ignore[no-untyped-def]
         t_rows, e_experts = scores_TE.shape
         k_slots = ids_TK.shape[1]
+        per_row = agree_T.shape[0] > 0
+        masked = mask_T.shape[0] > 0
         chosen = np.zeros(e_experts, dtype=np.bool_)
         for t in range(t_rows):
+            if masked and not mask_T[t]:
+                continue
             floor = scores_TE[t, ids_TK[t, 0]]
             ordered = True
             for k in range(1, k_slots):
@@ -45,35 +51,64 @@ def _build() -> Callable[..., None]:
                     break
             for k in range(k_slots):
                 chosen[ids_TK[t, k]] = False
-            agree_T[t] = agree
-            in_order_T[t] = ordered
+            if per_row:
+                agree_T[t] = agree
+                in_order_T[t] = ordered
+            elif agree:
+                hits_2[0] += 1
+                if ordered:
+                    hits_2[1] += 1
 
     return kernels.compile_kernel(scan)  # type: ignore[no-any-return]
+
+
+def _kernel() -> Callable[..., None]:
+    if not _KERNEL:
+        _KERNEL.append(_build())
+    return _KERNEL[0]
+
+
+def runs_on(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the compiled pass runs for scores of this device and dtype (int64 ids on the
+    same device), read from what the caller already holds."""
+    return (
+        device.type == "cpu"
+        and dtype in (torch.float32, torch.float64)
+        and kernels.kernel() == "numba"
+    )
 
 
 def topk_set_and_order_cpu(
     scores_TE: torch.Tensor, ids_TK: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The set and order tests in one compiled pass, or None where the torch path runs
-    (numba not running, scores off the CPU or of another dtype, ids not int64)."""
+    """The set and order tests of every row in one compiled pass, or None where the torch path
+    runs (numba not running, scores off the CPU or of another dtype, ids not int64)."""
     if (
-        scores_TE.device.type != "cpu"
-        or scores_TE.dtype not in (torch.float32, torch.float64)
+        not runs_on(scores_TE.device, scores_TE.dtype)
         or ids_TK.dtype != torch.int64
         or ids_TK.device.type != "cpu"
         or scores_TE.dim() != 2
-        or kernels.kernel() != "numba"
     ):
         return None
-    if not _KERNEL:
-        _KERNEL.append(_build())
     rows = scores_TE.shape[0]
     agree_T = torch.empty(rows, dtype=torch.bool)
     in_order_T = torch.empty(rows, dtype=torch.bool)
-    _KERNEL[0](
-        scores_TE.detach().contiguous().numpy(),
-        ids_TK.contiguous().numpy(),
-        agree_T.numpy(),
-        in_order_T.numpy(),
-    )
+    out = (agree_T.numpy(), in_order_T.numpy(), np.zeros(2, dtype=np.int64))
+    _kernel()(scores_TE.detach().numpy(), ids_TK.numpy(), _NO_ROWS, *out)
     return agree_T, in_order_T
+
+
+def count_agreement_cpu(
+    scores_TE: torch.Tensor, ids_TK: torch.Tensor, mask_T: np.ndarray | None, hits_2: np.ndarray
+) -> None:
+    """Add to ``hits_2`` (int64 ``[set agrees, set agrees and slots in order]``) the counts of
+    the rows of ``mask_T`` (every row when None). For CPU scores :func:`runs_on` accepts,
+    ``[T, K]`` int64 CPU ids and a numpy bool ``[T]`` mask."""
+    _kernel()(
+        scores_TE.detach().numpy(),
+        ids_TK.numpy(),
+        _NO_ROWS if mask_T is None else mask_T,
+        _NO_ROWS,
+        _NO_ROWS,
+        hits_2,
+    )

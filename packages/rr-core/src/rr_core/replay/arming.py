@@ -99,6 +99,7 @@ class Arming(ControllerState):
             rows_T=rows_T,
             replayed_rows=replayed,
             validated=validate,
+            rows=rows,
         )
 
     def arm_batch(

@@ -25,12 +25,14 @@ import torch
 from torch import nn
 
 from rr_core.errors import ReplayError, RRWarning
+from rr_core.replay import agreement_numba
 from rr_core.replay.arming import Arming
 from rr_core.replay.modes import ReplayMode, as_mode, layer_numbers_of, unchecked_ids_error
 from rr_core.replay.owners import OWNERS, attached_router_count, controller_of, router_topk
 from rr_core.replay.report import StepReport, StepReports
 from rr_core.replay.scope import MicrobatchScopes, in_backward
 from rr_core.replay.state import DEFAULT_MICROBATCH
+from rr_core.replay.tally import Tally
 from rr_core.replay.topk import (
     TopK,
     check_real_scores,
@@ -208,9 +210,10 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         mode, layer = self._modes[index], self._layers[index]
         if mode is ReplayMode.OFF:
             return native_topk(scores_TE, k, values_TE=values_TE)
-        if scores_TE.dim() != 2 or scores_TE.shape[1] != self.num_experts or k != self.top_k:
+        shape = scores_TE.shape  # read once: each tensor attribute is a call
+        if len(shape) != 2 or shape[1] != self.num_experts or k != self.top_k:
             raise ReplayError(
-                f"layer {layer}: router gave scores {list(scores_TE.shape)} with k={k}; the "
+                f"layer {layer}: router gave scores {list(shape)} with k={k}; the "
                 f"controller expects [T, {self.num_experts}] and k={self.top_k}"
             )
         backward = in_backward()
@@ -219,7 +222,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
             self._forward_mbs.add(microbatch)
         if mode is ReplayMode.RECORD:
             return self._record(index, microbatch, backward, scores_TE, values_TE)
-        return self._replay(index, microbatch, backward, scores_TE, values_TE)
+        return self._replay(index, microbatch, backward, scores_TE, values_TE, shape[0])
 
     def _record(
         self,
@@ -254,6 +257,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         backward: bool,
         scores_TE: torch.Tensor,
         values_TE: torch.Tensor | None,
+        rows: int,
     ) -> TopK:
         layer = self._layers[index]
         armed = self._armed.get(microbatch)
@@ -267,18 +271,18 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
                 raise ReplayError(message)
             warnings.warn(message + "; routing natively (strict=False)", RRWarning, stacklevel=3)
             return native_topk(scores_TE, self.top_k, values_TE=values_TE)
-        target_TK = armed.target_TK(index)
-        if target_TK.shape[0] != scores_TE.shape[0]:
+        if armed.rows != rows:
             raise ReplayError(
-                f"layer {layer}, micro-batch {microbatch!r}: router sees {scores_TE.shape[0]} "
-                f"tokens but {target_TK.shape[0]} rows are armed; arm rows in the router's "
+                f"layer {layer}, micro-batch {microbatch!r}: router sees {rows} "
+                f"tokens but {armed.rows} rows are armed; arm rows in the router's "
                 "token order (after sequence-parallel scatter, context-parallel split, packing)"
             )
+        target_TK = armed.target_TK(index)
         exact = self.measure_agreement == "exact" and not backward
         native_TK = native_ids(scores_TE, self.top_k) if exact else None
         # route() checked the scores' shape and k; arm() the targets' dtype and shape and the
         # mask: only the scores' dtype is left to check here
-        check_real_scores(scores_TE)
+        dtype, device = check_real_scores(scores_TE), scores_TE.device
         try:
             out = replay_checked(
                 scores_TE,
@@ -288,6 +292,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
                 values_TE,
                 native_TK,
                 armed.native_rows_N,
+                device,
             )
         except (IndexError, RuntimeError) as e:  # only unchecked (validate=False) ids get here
             bad = unchecked_ids_error(target_TK, armed.mask_T, self.num_experts)
@@ -297,6 +302,14 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         if not backward:
             armed.consumed[index] = True
         if self.measure_agreement and not backward:
+            if native_TK is None and agreement_numba.runs_on(device, dtype):
+                # counted on the host as the call runs: nothing pending, nothing to sum later
+                tally = self._agreement.setdefault(index, Tally())
+                tally.rows += armed.replayed_rows
+                agreement_numba.count_agreement_cpu(
+                    scores_TE, out.ids_TK, armed.mask_numpy(), tally.counted
+                )
+                return out
             if native_TK is not None:
                 agree_T = same_sets_T(out.ids_TK, native_TK)
                 in_order_T = in_score_order_T(scores_TE, out.ids_TK)

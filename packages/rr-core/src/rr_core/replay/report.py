@@ -103,9 +103,9 @@ class StepReports(ControllerState):
         settle(self._agreement)
         self._pending_rows = 0
         return {
-            self._layers[index]: int(tally.hits[column]) / tally.rows
+            self._layers[index]: tally.count(column) / tally.rows
             for index, tally in sorted(self._agreement.items())
-            if tally.rows and tally.hits is not None
+            if tally.rows
         }
 
     def end_step(self) -> StepReport:

@@ -8,9 +8,10 @@ slots, K top-k.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,6 +35,15 @@ class Armed:
     rows_T: torch.Tensor | None = None  # router row t replays source row rows_T[t]
     replayed_rows: int = 0  # how many rows replay (counted once, at arming)
     validated: bool = False  # ids checked at arming (in range, distinct per replayed row)
+    rows: int = 0  # the rows each router call sees (T)
+    _mask_numpy: np.ndarray | None = field(default=None, repr=False)
+
+    def mask_numpy(self) -> np.ndarray | None:
+        """The replay mask as a numpy array on the host (made once: the compiled agreement pass
+        reads it on every router call of the micro-batch)."""
+        if self.mask_T is not None and self._mask_numpy is None:
+            self._mask_numpy = self.mask_T.cpu().numpy()
+        return self._mask_numpy
 
     def target_TK(self, index: int) -> torch.Tensor:
         """The ``[T, K]`` ids router ``index`` (walk order) replays, in its token order."""

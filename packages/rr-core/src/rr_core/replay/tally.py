@@ -1,7 +1,9 @@
 """The step's agreement counts, summed lazily: a router call keeps its per-row test results
 (two bool tensors) and adds no reduction of its own; reading the counts sums every pending call
 of every router in one pass per device. On a CPU the op count, not the data, is what a router
-call pays for; on an accelerator each op is a launch.
+call pays for; on an accelerator each op is a launch. Where the compiled CPU pass runs
+(:mod:`rr_core.replay.agreement_numba`) a call adds its counts on the host instead, in
+``Tally.counted``, and keeps nothing pending.
 
 Shapes: T rows of one call, N rows of all pending calls.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 #: Pending rows (all routers) past which the counts are summed at once, so a step of many
@@ -21,18 +24,24 @@ MAX_PENDING_ROWS = 1 << 24
 @dataclass
 class Tally:
     """One router's agreement this step: rows replayed, the calls not yet summed (the set test
-    per row, masked rows False, and the score-order test) and the ``[set, order]`` counts of
-    the calls summed so far."""
+    per row, masked rows False, and the score-order test), the ``[set, order]`` counts of the
+    calls summed so far and those the compiled pass counted on the host."""
 
     rows: int = 0
     pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     hits: torch.Tensor | None = None
+    counted: np.ndarray = field(default_factory=lambda: np.zeros(2, dtype=np.int64))
 
     def add(self, agree_T: torch.Tensor, in_order_T: torch.Tensor, rows: int) -> int:
         """Keep one call's results; returns its row count."""
         self.pending.append((agree_T, in_order_T))
         self.rows += rows
         return int(agree_T.numel())
+
+    def count(self, column: int) -> int:
+        """The ``[set, order]`` count ``column`` of the calls summed (see :func:`settle`)."""
+        summed = 0 if self.hits is None else int(self.hits[column])
+        return summed + int(self.counted[column])
 
 
 def settle(tallies: dict[int, Tally]) -> None:

@@ -92,13 +92,16 @@ def replay_checked(
     values_TE: torch.Tensor | None = None,
     native_ids_TK: torch.Tensor | None = None,
     native_rows_N: torch.Tensor | None = None,
+    device: torch.device | None = None,
 ) -> TopK:
     """:func:`replay_topk` for arguments already checked: scores ``[T, E]`` of real values, an
     int ``k`` in ``[1, E]``, integer ``[T, k]`` targets and a bool ``[T]`` mask. The controller
     checks the scores per call and the targets and mask once, when they are armed; on small
-    batches those checks cost as much as the ops themselves."""
+    batches those checks cost as much as the ops themselves. ``device``: the scores' device,
+    when the caller has read it already."""
     source_TE = scores_TE if values_TE is None else _values(values_TE, scores_TE)
-    device = scores_TE.device
+    if device is None:
+        device = scores_TE.device
     ids_TK = target_ids_TK
     if ids_TK.dtype is not torch.int64 or ids_TK.device != device:
         ids_TK = ids_TK.to(device=device, dtype=torch.int64, non_blocking=True)
@@ -124,11 +127,12 @@ def _on(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
 
 
-def check_real_scores(scores_TE: torch.Tensor) -> None:
-    """Scores a top-k can rank: not bool, not complex."""
+def check_real_scores(scores_TE: torch.Tensor) -> torch.dtype:
+    """Scores a top-k can rank: not bool, not complex. Returns their dtype."""
     dtype = scores_TE.dtype
     if dtype is torch.bool or dtype.is_complex:
         raise ReplayError(f"scores_TE must hold real scores; got dtype {dtype}")
+    return dtype
 
 
 _NOT_IDS = frozenset({torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64})

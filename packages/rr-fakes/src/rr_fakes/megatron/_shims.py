@@ -118,14 +118,20 @@ class _CudaToCpuMode(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda:
+        # every torch call and tensor attribute read of the process passes here: the common
+        # case (no device argument, not .cuda / .to) returns after two identity tests
+        if func is _TENSOR_CUDA:
             return args[0]
-        if _is_cuda(kwargs.get("device")):
-            kwargs["device"] = "cpu"
-        if func is torch.Tensor.to:
+        if not kwargs:
+            kwargs = {}
+        elif "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs = {**kwargs, "device": "cpu"}
+        if func is _TENSOR_TO:
             args = tuple("cpu" if _is_cuda(arg) else arg for arg in args)
         return func(*args, **kwargs)
+
+
+_TENSOR_CUDA, _TENSOR_TO = torch.Tensor.cuda, torch.Tensor.to
 
 
 def _split_sizes_as_lists(original: Callable[..., Any]) -> Callable[..., Any]:
