@@ -341,6 +341,14 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
         "step_overhead_ratio_r3_exact": (
             mcore["step_s_replay_r3_exact"] / mcore["step_s_replay_off"] if mcore_ran else None
         ),
+        "step_overhead_ratio_r3_router_shaped": (
+            mcore["router_shaped"]["r3_over_off"] if "router_shaped" in mcore else None
+        ),
+        "router_call_r3_over_native_router_shaped": (
+            mcore["router_shaped"]["router_call_r3_over_native"]
+            if "router_shaped" in mcore
+            else None
+        ),
         "payload_bytes_per_token": {c: v["bytes_per_token"] for c, v in codecs["codecs"].items()},
         "codec_speed_vs_memcpy": {
             c: {"encode": v["encode_over_copy"], "decode": v["decode_over_copy"]}
@@ -390,6 +398,13 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
             if mcore_ran
             else "megatron-core harness: CPU only",
             "step_overhead_ratio_r3_exact": "the same, agreement by a second top-k",
+            "step_overhead_ratio_r3_router_shaped": (
+                "the same GPTModel with Qwen3-30B-A3B's routers (E=128, top-8, experts H / 4 "
+                "wide), 2 x 512 tokens, R3 with agreement / rr without a controller"
+            ),
+            "router_call_r3_over_native_router_shaped": (
+                "one router call of that model, R3 with agreement / native"
+            ),
             "payload_bytes_per_token": "Qwen3-30B-A3B: 48 MoE layers, 128 experts, top-8",
             "codec_speed_vs_memcpy": f"{codecs['tokens']} tokens of that shape vs a copy",
             "vllm_assembly_vs_memcpy": (
@@ -460,6 +475,8 @@ def bench_table(figures: dict[str, Any]) -> str:
             "bookkeeping_us_per_microbatch_94_layers",
             "step_overhead_ratio_r3",
             "step_overhead_ratio_r3_exact",
+            "step_overhead_ratio_r3_router_shaped",
+            "router_call_r3_over_native_router_shaped",
             "vllm_assembly_vs_memcpy",
             "vllm_datapath_vs_memcpy",
             "vllm_datapath_fresh_buffer_vs_memcpy",

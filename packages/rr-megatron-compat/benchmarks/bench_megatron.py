@@ -15,7 +15,12 @@ without the agreement, the same way: variants alternated in a fresh shuffled ord
 the median over rounds of each variant's mean call time. ``router_call_r3_over_native`` is
 what rr costs per router call, everything it adds around Megatron's routing included.
 
-The harness runs megatron-core on CPU only.
+Both on two workloads: a tiny MoE (E=8, top-2, 2 x 128 tokens), where Megatron's top-k costs
+a few microseconds and every torch call rr adds is dearer than its data (the CPU harness
+routes each one through a TorchFunctionMode), and the same model with Qwen3-30B-A3B's routers
+(E=128, top-8, experts a quarter of the hidden size wide, 2 x 512 tokens: ``router_shaped``),
+where the top-k replay skips is real work. ``*_paired`` figures are the median of each round's
+own ratio. The harness runs megatron-core on CPU only.
 
     python packages/rr-megatron-compat/benchmarks/bench_megatron.py [--json] [--rounds N]
 """
@@ -37,23 +42,29 @@ from rr_core import ReplayController, ReplayMode, walk_routers
 from rr_fakes.megatron import TinyGPTConfig, build_gpt, gpt_inputs, model_parallel, train_step
 
 
-def run(rounds: int, hidden: int, seq: int, microbatches: int) -> dict[str, Any]:
+def run(
+    rounds: int, hidden: int, seq: int, microbatches: int, experts: int = 8, top_k: int = 2
+) -> dict[str, Any]:
     torch.set_num_threads(1)
     with model_parallel():
         rmc.install()
         try:
             extra: dict[str, Any] = rmc.replay_config_fields()
+            if experts > 8:  # experts as narrow as a fine-grained MoE's (Qwen3-30B-A3B: H / 2.7)
+                extra["moe_ffn_hidden_size"] = max(8, hidden // 4)
             config = TinyGPTConfig(
                 hidden_size=hidden,
                 ffn_hidden_size=2 * hidden,
                 num_attention_heads=4,
+                num_experts=experts,
+                top_k=top_k,
                 max_sequence_length=seq,
                 aux_loss_coeff=0.01,
                 extra=extra,
             )
             model = build_gpt(config)
             batches = [gpt_inputs(microbatches, seq, 64)]  # one micro-batch (rr's default id)
-            controller = ReplayController(num_experts=8, top_k=2)
+            controller = ReplayController(num_experts=experts, top_k=top_k)
             rmc.attach(controller, model)
             controller.set_mode(ReplayMode.RECORD)
             train_step([model], batches[:1])
@@ -65,7 +76,9 @@ def run(rounds: int, hidden: int, seq: int, microbatches: int) -> dict[str, Any]
             mask = torch.ones(routes.shape[0], dtype=torch.bool)
             mask[-microbatches:] = False
             times = _alternated(
-                VARIANTS, rounds, lambda name: _timed_step(model, batches, routes, mask, name)
+                VARIANTS,
+                rounds,
+                lambda name: _timed_step(model, batches, routes, mask, name, experts, top_k),
             )
             layer, router = walk_routers(model)[0]
             hidden_SBH = torch.randn(seq, microbatches, hidden)  # the router's [S, B, H] input
@@ -73,11 +86,17 @@ def run(rounds: int, hidden: int, seq: int, microbatches: int) -> dict[str, Any]
             call_times = _alternated(
                 CALL_VARIANTS,
                 rounds,
-                lambda name: _timed_calls(router, layer, hidden_SBH, routes_T1K, mask, name),
+                lambda name: _timed_calls(
+                    router, layer, hidden_SBH, routes_T1K, mask, name, experts, top_k
+                ),
             )
         finally:
             rmc.uninstall()
     step_s = {name: statistics.median(ts) for name, ts in times.items()}
+    paired = {  # the median of each round's own ratio: drift between rounds cancels
+        name: statistics.median(t / o for t, o in zip(ts, times["off"], strict=True))
+        for name, ts in times.items()
+    }
     call_us = {name: statistics.median(ts) * 1e6 for name, ts in call_times.items()}
     off_s, on_s = step_s["off"], step_s["r3"]
     return {
@@ -86,6 +105,8 @@ def run(rounds: int, hidden: int, seq: int, microbatches: int) -> dict[str, Any]
         "hidden_size": hidden,
         "seq_length": seq,
         "sequences": microbatches,
+        "num_experts": experts,
+        "top_k": top_k,
         "step_s_replay_off": off_s,
         "step_s_replay_r3": on_s,
         "step_s_replay_r3_exact": step_s["r3_exact"],
@@ -94,6 +115,9 @@ def run(rounds: int, hidden: int, seq: int, microbatches: int) -> dict[str, Any]
         "r3_over_off": on_s / off_s,
         "r3_exact_over_off": step_s["r3_exact"] / off_s,
         "r3_no_agreement_over_off": step_s["r3_no_agreement"] / off_s,
+        "r3_over_off_paired": paired["r3"],
+        "r3_exact_over_off_paired": paired["r3_exact"],
+        "r3_no_agreement_over_off_paired": paired["r3_no_agreement"],
         "router_call_us_native": call_us["native"],
         "router_call_us_r3": call_us["r3"],
         "router_call_us_r3_no_agreement": call_us["r3_no_agreement"],
@@ -125,14 +149,22 @@ def _alternated(
 
 
 def _timed_step(
-    model: Any, batches: list[Any], routes: torch.Tensor, mask: torch.Tensor, name: str
+    model: Any,
+    batches: list[Any],
+    routes: torch.Tensor,
+    mask: torch.Tensor,
+    name: str,
+    experts: int,
+    top_k: int,
 ) -> float:
     """One training step of variant ``name``, in seconds (arming and the step's end included)."""
     if name == "off":
         start = time.perf_counter()
         train_step([model], batches)
         return time.perf_counter() - start
-    controller = ReplayController(num_experts=8, top_k=2, measure_agreement=_AGREEMENT[name])
+    controller = ReplayController(
+        num_experts=experts, top_k=top_k, measure_agreement=_AGREEMENT[name]
+    )
     rmc.attach(controller, model)
     try:
         controller.set_mode(ReplayMode.REPLAY)
@@ -154,13 +186,17 @@ def _timed_calls(
     routes_T1K: torch.Tensor,
     mask: torch.Tensor,
     name: str,
+    experts: int,
+    top_k: int,
 ) -> float:
     """Mean seconds of one forward of ``router`` in variant ``name``: "native" with no
     controller attached (rr installed, Megatron's code untouched), else replaying
     ``routes_T1K`` with R3's mask (attaching, arming and the step's end untimed)."""
     controller = None
     if name != "native":
-        controller = ReplayController(num_experts=8, top_k=2, measure_agreement=_AGREEMENT[name])
+        controller = ReplayController(
+            num_experts=experts, top_k=top_k, measure_agreement=_AGREEMENT[name]
+        )
         rmc.attach(controller, router)
         controller.set_mode(ReplayMode.REPLAY)
         controller.arm(0, routes_T1K, layer_numbers=(layer,), replay_mask_T=mask)
@@ -185,17 +221,36 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--microbatches", type=int, default=2, help="sequences per step")
+    parser.add_argument(
+        "--router-rows",
+        type=int,
+        default=1024,
+        help="rows per router call of the second workload (E=128, top-8); 0 skips it",
+    )
     parser.add_argument("--device", default="cpu", help="cpu only: the harness runs on CPU")
     args = parser.parse_args()
     if torch.device(args.device).type != "cpu":
         print(json.dumps({"skipped": f"the megatron-core harness runs on CPU, not {args.device}"}))
         return
     result = run(args.rounds, args.hidden, args.seq, args.microbatches)
+    if args.router_rows:
+        seq = args.router_rows // args.microbatches
+        result["router_shaped"] = run(
+            args.rounds, args.hidden, seq, args.microbatches, ROUTER_EXPERTS, ROUTER_TOP_K
+        )
     if args.json:
         print(json.dumps(result, indent=2))
-    else:
-        for key, value in result.items():
-            print(f"{key:40} {value:.4f}" if isinstance(value, float) else f"{key:40} {value}")
+        return
+    for name, figures in (("", result), ("router_shaped.", result.get("router_shaped", {}))):
+        for key, value in figures.items():
+            if isinstance(value, dict):
+                continue
+            shown = f"{value:.4f}" if isinstance(value, float) else value
+            print(f"{name + key:54} {shown}")
+
+
+#: The second workload's routers: Qwen3-30B-A3B's (128 experts, top-8)
+ROUTER_EXPERTS, ROUTER_TOP_K = 128, 8
 
 
 if __name__ == "__main__":
