@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rr_core import ReplayController, ReplayError, ReplayMode, RRWarning, replay_topk
+from rr_core import (
+    ReplayController,
+    ReplayError,
+    ReplayMode,
+    RouteBatch,
+    RouteMeta,
+    RRWarning,
+    replay_topk,
+)
+from rr_core.records.shards import concat_batches
 from rr_core.replay.controller import replayed_unchecked_ids
 from rr_fakes import distinct_ids
 
@@ -199,3 +208,26 @@ def test_the_latest_call_tells_whether_its_ids_were_checked(validate: bool) -> N
         assert not replayed_unchecked_ids()
     finally:
         lenient.detach()
+
+
+@pytest.mark.parametrize("checked", ["built", "validated later", "derived", "unchecked"])
+def test_a_route_batch_arms_as_checked_as_its_ids_were(checked: str) -> None:
+    """arm_batch does not check the ids again: a batch that checked them (built with
+    validate=True, validate() called, or derived from such a batch) arms them as checked; one
+    built with validate=False arms them unchecked, so adapters count its rows."""
+    meta = RouteMeta(num_experts=4, top_k=2, layer_axis="moe_layers", layer_numbers=(1, 2))
+    routes_TLK = distinct_ids(3, 2, num_experts=4, top_k=2, seed=2)
+    batch = RouteBatch(routes_TLK, [0, 3], None, meta, validate=checked != "unchecked")
+    if checked == "validated later":
+        batch = RouteBatch(routes_TLK, [0, 3], None, meta, validate=False)
+        batch.validate()
+    elif checked == "derived":
+        batch = concat_batches([batch.to("cpu"), batch])
+    assert batch.ids_validated is (checked != "unchecked")
+    controller, router = _controller(4, 2)
+    try:
+        controller.arm_batch(0, batch)
+        controller.route(router, torch.rand(batch.num_tokens, 4), 2)
+        assert replayed_unchecked_ids() is (checked == "unchecked")
+    finally:
+        controller.detach()

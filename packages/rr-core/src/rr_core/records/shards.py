@@ -272,6 +272,7 @@ def concat_batches(batches: Sequence[RouteBatch]) -> RouteBatch:
         torch.cat(offsets),
         cat_rows([b.valid_N for b in batches]),
         meta,
+        all(b.ids_validated for b in batches),
     )
 
 
@@ -296,5 +297,5 @@ def take_sequences(batch: RouteBatch, indices: Sequence[int]) -> RouteBatch:
     seq_N = torch.repeat_interleave(torch.arange(len(picked), device=dev), lengths_B, output_size=N)
     rows_N = starts_B[seq_N] + torch.arange(N, device=dev) - offsets_B1[seq_N]
     return RouteBatch._trusted(
-        batch.values_NLK[rows_N], offsets_B1, batch.valid_N[rows_N], batch.meta
+        batch.values_NLK[rows_N], offsets_B1, batch.valid_N[rows_N], batch.meta, batch.ids_validated
     )

@@ -109,8 +109,10 @@ class Arming(ControllerState):
         *,
         provenance: Mapping[str, Any] | None = None,
     ) -> None:
-        """Arm a validated :class:`RouteBatch` whose sequences, concatenated, are the tokens the
-        routers see (packed/THD order); rows without a route go to the native router.
+        """Arm a :class:`RouteBatch` whose sequences, concatenated, are the tokens the routers
+        see (packed/THD order); rows without a route go to the native router. The ids are not
+        checked again: a batch built with ``validate=False`` (``ids_validated`` False) replays
+        them as they are, and adapters that size buffers by K ids a row then count its rows.
         ``provenance``: where the routes came from (a record header's ``provenance``, or
         ``EngineConfig.provenance()``), shown beside the agreement in the step report."""
         self._check_attached("arm_batch")
@@ -139,8 +141,10 @@ class Arming(ControllerState):
             batch.values_NLK,
             layer_numbers=meta.layer_numbers,
             replay_mask_T=batch.valid_N,
-            validate=False,  # a RouteBatch is validated when it is built
+            validate=False,  # checked when the batch was (ids_validated), or by the caller
         )
+        # ids the batch checked (range, repeats) on its valid rows: the rows that replay
+        self._armed[microbatch].validated = batch.ids_validated
         if provenance is not None:
             self._provenance[microbatch] = dict(provenance)
 

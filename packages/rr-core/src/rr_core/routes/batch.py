@@ -166,9 +166,12 @@ class RouteBatch:
 
     Constructors validate (see :meth:`validate`) unless ``validate=False``; the cheap structural
     checks (shapes, dtypes, offsets) always run, because every method relies on them.
+    ``ids_validated`` says whether the ids were checked (by the constructor or :meth:`validate`,
+    carried by the batches derived from this one): a replay controller armed with such a batch
+    needs no check of its own, and no adapter re-counts its rows.
     """
 
-    __slots__ = ("meta", "offsets_B1", "valid_N", "values_NLK")
+    __slots__ = ("ids_validated", "meta", "offsets_B1", "valid_N", "values_NLK")
 
     def __init__(
         self,
@@ -193,16 +196,25 @@ class RouteBatch:
         self.values_NLK, self.offsets_B1, self.valid_N = values, offsets, valid.to(dev)
         self.meta = meta
         check_structure(values, offsets, self.valid_N, meta)
+        self.ids_validated = False
         if validate:
             check_ids(values, offsets, self.valid_N, meta, allow_all_zero=allow_all_zero)
+            self.ids_validated = True
 
     @classmethod
     def _trusted(
-        cls, values: torch.Tensor, offsets: torch.Tensor, valid: torch.Tensor, meta: RouteMeta
+        cls,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        valid: torch.Tensor,
+        meta: RouteMeta,
+        ids_validated: bool,
     ) -> RouteBatch:
-        """Build from parts derived from an already checked batch, skipping every check."""
+        """Build from parts derived from structurally checked batches, skipping every check;
+        ``ids_validated`` as theirs."""
         out = object.__new__(cls)
         out.values_NLK, out.offsets_B1, out.valid_N, out.meta = values, offsets, valid, meta
+        out.ids_validated = ids_validated
         return out
 
     @classmethod
@@ -343,7 +355,7 @@ class RouteBatch:
         values, offsets, valid = (
             t.to(device) for t in (self.values_NLK, self.offsets_B1, self.valid_N)
         )
-        return RouteBatch._trusted(values, offsets, valid, self.meta)
+        return RouteBatch._trusted(values, offsets, valid, self.meta, self.ids_validated)
 
     def equal(self, other: RouteBatch) -> bool:
         """Exact equality of values (dtype included), offsets, validity and meta."""
@@ -362,6 +374,7 @@ class RouteBatch:
         check_ids(
             self.values_NLK, self.offsets_B1, self.valid_N, self.meta, allow_all_zero=allow_all_zero
         )
+        self.ids_validated = True
 
     def _padded_length(self, padding_side: str, length: int | None) -> int:
         check_choice(padding_side, "padding_side", PADDING_SIDES, RouteValidationError)
@@ -427,7 +440,9 @@ class RouteBatch:
                 moe_layer_numbers=None,
             )
             values = self.values_NLK.index_select(1, torch.tensor(m.moe_slots, device=dev))
-            return RouteBatch._trusted(values, self.offsets_B1, self.valid_N, meta)
+            return RouteBatch._trusted(
+                values, self.offsets_B1, self.valid_N, meta, self.ids_validated
+            )
         if num_layers is None and m.layer_axis == "moe_layers":
             raise LayoutError(
                 "to_layer_axis('all_layers') from the moe_layers axis needs num_layers (the "
@@ -454,7 +469,7 @@ class RouteBatch:
         values = self.values_NLK.new_zeros((N, num_layers, K))
         dst = torch.tensor([n - 1 for n in m.routed_layer_numbers], device=dev)
         values[:, dst] = self.values_NLK.index_select(1, torch.tensor(m.moe_slots, device=dev))
-        return RouteBatch._trusted(values, self.offsets_B1, self.valid_N, meta)
+        return RouteBatch._trusted(values, self.offsets_B1, self.valid_N, meta, self.ids_validated)
 
 
 def _offsets_tensor(offsets: object, device: torch.device) -> torch.Tensor:
