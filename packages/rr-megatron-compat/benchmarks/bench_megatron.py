@@ -2,7 +2,8 @@
 
 Same model, same micro-batches, variants alternated round by round, each round in a fresh
 shuffled order (seeded) so neither drift nor the variant run just before favours one; reports
-the median step time of each. "Off" is a model with rr installed but no controller attached
+the median step time of each, in process CPU time (garbage collection between timings, not
+inside them). "Off" is a model with rr installed but no controller attached
 (Megatron's code untouched); "r3" arms the recorded routes with R3's replay mask (the last
 token of each sequence routes natively) and reports the step's agreement (the controller's
 default, a threshold test on the router's scores); "r3_exact" measures agreement with a
@@ -28,6 +29,7 @@ own ratio. The harness runs megatron-core on CPU only.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -75,11 +77,15 @@ def run(
             # the last B rows, which R3 leaves native (the engine never routed it)
             mask = torch.ones(routes.shape[0], dtype=torch.bool)
             mask[-microbatches:] = False
+            bookkeeping: dict[str, list[float]] = {name: [] for name in VARIANTS}
             times = _alternated(
                 VARIANTS,
                 rounds,
-                lambda name: _timed_step(model, batches, routes, mask, name, experts, top_k),
+                lambda name: _timed_step(
+                    model, batches, routes, mask, name, experts, top_k, bookkeeping[name]
+                ),
             )
+            calls = _router_calls_per_step(model, batches)
             layer, router = walk_routers(model)[0]
             hidden_SBH = torch.randn(seq, microbatches, hidden)  # the router's [S, B, H] input
             routes_T1K = routes[:, layers.index(layer)].unsqueeze(1)
@@ -99,6 +105,10 @@ def run(
     }
     call_us = {name: statistics.median(ts) * 1e6 for name, ts in call_times.items()}
     off_s, on_s = step_s["off"], step_s["r3"]
+    # rr's own measured costs in a step: each router call's difference times the calls a step
+    # makes, plus arming and the step's end (the steps themselves vary more than rr costs)
+    arm_end_us = statistics.median(bookkeeping["r3"][1:]) * 1e6  # the warm-up round dropped
+    attributed_us = calls * (call_us["r3"] - call_us["native"]) + arm_end_us
     return {
         "megatron_core": str(rmc.megatron_line().version),
         "rounds": rounds,
@@ -123,7 +133,26 @@ def run(
         "router_call_us_r3_no_agreement": call_us["r3_no_agreement"],
         "router_call_r3_over_native": call_us["r3"] / call_us["native"],
         "router_call_r3_no_agreement_over_native": call_us["r3_no_agreement"] / call_us["native"],
+        "router_calls_per_step": calls,
+        "arm_and_end_step_us_r3": arm_end_us,
+        "r3_over_off_attributed": 1.0 + attributed_us / (off_s * 1e6),
     }
+
+
+def _router_calls_per_step(model: Any, batches: list[Any]) -> int:
+    """How many router forwards one training step runs (forward and any recompute)."""
+    calls = [0]
+
+    def count(module: Any, args: Any) -> None:
+        calls[0] += 1
+
+    hooks = [router.register_forward_pre_hook(count) for _, router in walk_routers(model)]
+    try:
+        train_step([model], batches)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return calls[0]
 
 
 VARIANTS = ("off", "r3", "r3_exact", "r3_no_agreement")
@@ -140,12 +169,23 @@ def _alternated(
     order (seeded); the first round warms up and is dropped."""
     times: dict[str, list[float]] = {name: [] for name in variants}
     order = random.Random(0)
-    for i in range(rounds + 1):
-        for name in order.sample(variants, len(variants)):
-            elapsed = measure(name)
-            if i:
-                times[name].append(elapsed)
+    gc.disable()  # a collection lands on whichever variant allocates past the threshold
+    try:
+        for i in range(rounds + 1):
+            for name in order.sample(variants, len(variants)):
+                gc.collect()
+                elapsed = measure(name)
+                if i:
+                    times[name].append(elapsed)
+    finally:
+        gc.enable()
     return times
+
+
+def _clock() -> float:
+    # process CPU time: what the step costs this process, least disturbed by other load on a
+    # shared machine (one torch thread; autograd's CPU backward runs in the calling thread)
+    return time.process_time()
 
 
 def _timed_step(
@@ -156,23 +196,29 @@ def _timed_step(
     name: str,
     experts: int,
     top_k: int,
+    bookkeeping: list[float],
 ) -> float:
-    """One training step of variant ``name``, in seconds (arming and the step's end included)."""
+    """One training step of variant ``name``, in seconds (arming and the step's end included,
+    and their own time appended to ``bookkeeping``)."""
     if name == "off":
-        start = time.perf_counter()
+        start = _clock()
         train_step([model], batches)
-        return time.perf_counter() - start
+        return _clock() - start
     controller = ReplayController(
         num_experts=experts, top_k=top_k, measure_agreement=_AGREEMENT[name]
     )
     rmc.attach(controller, model)
     try:
         controller.set_mode(ReplayMode.REPLAY)
-        start = time.perf_counter()
+        start = _clock()
         controller.arm(0, routes, layer_numbers=controller.layer_numbers, replay_mask_T=mask)
+        armed = _clock()
         train_step([model], batches)
+        trained = _clock()
         report = controller.end_step()
-        elapsed = time.perf_counter() - start
+        end = _clock()
+        elapsed = end - start
+        bookkeeping.append(armed - start + end - trained)
     finally:
         controller.detach()
     assert bool(report.agreement) == (name != "r3_no_agreement")
@@ -201,10 +247,10 @@ def _timed_calls(
         controller.set_mode(ReplayMode.REPLAY)
         controller.arm(0, routes_T1K, layer_numbers=(layer,), replay_mask_T=mask)
     try:
-        start = time.perf_counter()
+        start = _clock()
         for _ in range(CALLS_PER_ROUND):
             router(hidden_SBH)
-        elapsed = (time.perf_counter() - start) / CALLS_PER_ROUND
+        elapsed = (_clock() - start) / CALLS_PER_ROUND
         if controller is not None:
             report = controller.end_step()
             assert bool(report.agreement) == (name != "r3_no_agreement")
@@ -217,7 +263,7 @@ def _timed_calls(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--microbatches", type=int, default=2, help="sequences per step")
