@@ -70,7 +70,9 @@ def run(
             rmc.attach(controller, model)
             controller.set_mode(ReplayMode.RECORD)
             train_step([model], batches[:1])
-            routes, layers = controller.recorded(0), controller.layer_numbers
+            # uint8, as R3 routes arrive from an engine (rr_vllm decodes the narrowest dtype)
+            routes = controller.recorded(0, dtype=torch.uint8)
+            layers = controller.layer_numbers
             controller.end_step()
             controller.detach()
             # router rows are [S, B] (sequence-major): the last token of every sequence is
