@@ -5,10 +5,11 @@ release needs beyond megatron-core's own harness, each only as long as the conte
 
 - ``typing.override``: bridge 0.6.2 declares Python >= 3.12 and imports it from ``typing``
   (3.12+); on 3.11 the ``typing_extensions`` backport stands in;
-- Transformer Engine: ``megatron.bridge.peft.lora_layers`` imports it unconditionally (for its
-  LoRA classes, which replay never builds); a placeholder answers that one importer only, and
-  no module sees ``transformer_engine`` in ``sys.modules`` (so megatron-core's and bridge's own
-  ``HAVE_TE`` probes stay False);
+- modules bridge imports unconditionally for what replay never builds, where they are absent:
+  Transformer Engine (``megatron.bridge.peft.lora_layers``, for its LoRA classes) and
+  ``transformers.modeling_attn_mask_utils`` (Bailing-MoE's modeling code; transformers 5.24
+  no longer ships it, 5.10.4 does). A placeholder answers those importers only, and no module
+  sees it in ``sys.modules`` (so megatron-core's and bridge's own ``HAVE_TE`` probes stay False);
 - ``torch.cuda.nvtx`` ranges, which Qwen3-VL's forward pushes and pops: no-ops;
 - local layer specs: the providers that hard-code Megatron's Transformer Engine layer spec, and
   the MTP block spec bridge always asks for with ``use_transformer_engine=True``, get Megatron's
@@ -37,8 +38,12 @@ from torch import nn
 from rr_core.patching import Patches
 from rr_fakes.megatron._nested import outermost_under_megatron_cpu
 
-#: The modules of megatron-bridge 0.6.2 that import Transformer Engine unconditionally.
-TE_IMPORTERS = frozenset({"megatron.bridge.peft.lora_layers"})
+#: Per module of megatron-bridge 0.6.2, a module it imports unconditionally that may be absent
+#: and that building a replayed model never uses (the module docstring).
+PLACEHOLDER_IMPORTS: Mapping[str, str] = {
+    "megatron.bridge.peft.lora_layers": "transformer_engine",
+    "megatron.bridge.models.bailing.modeling_bailing_moe_v2": "transformers.modeling_attn_mask_utils",
+}
 
 #: Provider fields every CPU build sets: the fusions are Transformer Engine or torch.compile'd
 #: kernels (plain torch paths instead), experts run as SequentialMLP (grouped GEMM needs TE or
@@ -59,9 +64,10 @@ CPU_OVERRIDES: Mapping[str, Any] = {
 }
 
 
-class _TransformerEngineAbsent(type):
+class _Absent(type):
     """Every attribute of the placeholder is the placeholder (``te.ops.Sequential`` in an
-    annotation, ``te.Linear`` in an ``isinstance``); building one raises."""
+    annotation, ``te.Linear`` in an ``isinstance``, a function imported by name); calling one
+    raises."""
 
     def __getattr__(cls, name: str) -> Any:
         if name.startswith("__"):
@@ -69,25 +75,28 @@ class _TransformerEngineAbsent(type):
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("Transformer Engine is not installed (rr_fakes' import placeholder)")
+        raise RuntimeError(f"{cls.__qualname__} is not installed (rr_fakes' import placeholder)")
 
 
-class _Placeholder(metaclass=_TransformerEngineAbsent):
-    pass
+def _placeholder(name: str) -> types.ModuleType:
+    """A module ``name`` whose every attribute is a placeholder."""
+    absent = _Absent(name, (), {})
 
+    class Module(types.ModuleType):
+        def __getattr__(self, attr: str) -> Any:
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return absent
 
-def _te_placeholder() -> types.ModuleType:
-    module = types.ModuleType("transformer_engine")
-    module.pytorch = _Placeholder  # type: ignore[attr-defined]
-    return module
+    return Module(name)
 
 
 @contextlib.contextmanager
-def _te_for_importers(importers: frozenset[str]) -> Iterator[None]:
-    """``import transformer_engine...`` in one of ``importers`` gets the placeholder; every
-    other import (and ``sys.modules``) is left as it is."""
+def _placeholders_for(imports: Mapping[str, str]) -> Iterator[None]:
+    """An import of ``imports[importer]`` (or a submodule) from ``importer`` that fails gets
+    its placeholder; every other import (and ``sys.modules``) is left as it is."""
     original = builtins.__import__
-    placeholder = _te_placeholder()
+    placeholders = {name: _placeholder(name) for name in set(imports.values())}
 
     def import_(
         name: str,
@@ -96,12 +105,12 @@ def _te_for_importers(importers: frozenset[str]) -> Iterator[None]:
         fromlist: Any = (),
         level: int = 0,
     ) -> Any:
-        if (
-            level == 0
-            and name.split(".")[0] == "transformer_engine"
-            and (globals or {}).get("__name__") in importers
-        ):
-            return placeholder
+        wanted = imports.get((globals or {}).get("__name__", ""))
+        if level == 0 and wanted and (name == wanted or name.startswith(wanted + ".")):
+            try:
+                return original(name, globals, locals, fromlist, level)
+            except ImportError:
+                return placeholders[wanted]
         return original(name, globals, locals, fromlist, level)
 
     builtins.__import__ = import_
@@ -168,7 +177,7 @@ def bridge_cpu() -> Iterator[None]:
         nvtx = importlib.import_module("torch.cuda.nvtx")
         patches.set(nvtx, "range_push", _nvtx_push)
         patches.set(nvtx, "range_pop", _nvtx_pop)
-        with _te_for_importers(TE_IMPORTERS):
+        with _placeholders_for(PLACEHOLDER_IMPORTS):
             importlib.import_module("megatron.bridge")
         _use_local_specs(patches)
         yield
