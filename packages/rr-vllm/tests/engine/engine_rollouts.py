@@ -24,7 +24,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,18 +198,26 @@ class Engines:
         gc.collect()
 
 
-_ROLLOUTS: dict[tuple[str, str, bool], Rollout] = {}
+_ROLLOUTS: dict[tuple[Any, ...], Rollout] = {}
 #: The replay figures of this session, one row per (family, engine dtype): the terminal summary.
 FIGURES: list[dict[str, Any]] = []
 
 
-def rollout(engines: Engines, family: str, dtype: str, *, prefix_caching: bool = True) -> Rollout:
-    """The rollout of ``family`` on a ``dtype`` engine, generated once per session."""
-    key = (family, dtype, prefix_caching)
+def rollout(
+    engines: Engines,
+    family: str,
+    dtype: str,
+    *,
+    prefix_caching: bool = True,
+    variant: Mapping[str, Any] | None = None,
+) -> Rollout:
+    """The rollout of ``family`` on a ``dtype`` engine, generated once per session;
+    ``variant``: config fields of a checkpoint other than the family's default."""
+    key = (family, dtype, prefix_caching, json.dumps(variant or {}, sort_keys=True))
     if key not in _ROLLOUTS:
         from vllm.inputs import TokensPrompt
 
-        checkpoint = build_checkpoint(family)
+        checkpoint = build_checkpoint(family, **(variant or {}))
         llm = engines.get(checkpoint, dtype, prefix_caching=prefix_caching)
         outputs: list[Any] = []
         calls = requests(checkpoint.vocab_size)
@@ -317,10 +325,11 @@ _MODELS: dict[str, Any] = {}
 
 
 def trainer_model(checkpoint: HFCheckpoint) -> Any:
-    """The checkpoint in transformers, float32 (one per family per session)."""
-    if checkpoint.family not in _MODELS:
-        _MODELS[checkpoint.family] = checkpoint.load_model(torch.float32)
-    return _MODELS[checkpoint.family]
+    """The checkpoint in transformers, float32 (one per checkpoint per session)."""
+    key = str(checkpoint.path)
+    if key not in _MODELS:
+        _MODELS[key] = checkpoint.load_model(torch.float32)
+    return _MODELS[key]
 
 
 def _sampled_logprobs(logits_BSV: torch.Tensor, rows: Sequence[tuple[list[int], list[int]]]):
