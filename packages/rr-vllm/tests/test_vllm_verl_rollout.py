@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pickle
 import re
+import sys
+import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -331,6 +333,27 @@ def test_install_is_idempotent_and_uninstall_gives_verl_back(verl: SimpleNamespa
     assert vars(worker)["_agent_loop_postprocess"] is original[1]
     with pytest.raises(ReplayError, match="no routers"):
         rollout.attach(ReplayController(num_experts=8, top_k=2), torch.nn.Linear(1, 1))
+
+
+def test_a_copy_imported_while_installed_is_hooked_again_after_a_reinstall(
+    verl: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verl module imported while rr was installed (``from ... import``) holds that install's
+    proxy, which passes through once uninstalled; the next install hooks that copy too (else
+    verl's trainer would get no routed_experts from rr's compact routes)."""
+    probe = types.ModuleType("verl.rr_probe")
+    monkeypatch.setitem(sys.modules, probe.__name__, probe)
+    original = verl.padding.left_right_2_no_padding
+    try:
+        rollout.install()
+        probe.left_right_2_no_padding = verl.padding.left_right_2_no_padding  # imported now
+        rollout.uninstall()
+        assert probe.left_right_2_no_padding is not original  # the stale, passing proxy
+        rollout.install()
+        assert probe.left_right_2_no_padding is verl.padding.left_right_2_no_padding
+    finally:
+        rollout.uninstall()
+    assert verl.padding.left_right_2_no_padding is original
 
 
 # -- the model's geometry, from real configs and models -------------------------------------------

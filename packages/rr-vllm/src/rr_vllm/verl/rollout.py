@@ -37,6 +37,7 @@ from rr_core.adapters import Adapter, Attachment
 from rr_core.buffers import zeros
 from rr_core.checks import check_sequence, check_tensor, describe
 from rr_core.codecs.encoding import check_codec
+from rr_core.patching import wrapper_chain
 from rr_vllm.capture import route_meta_of
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import attr, token_count
@@ -306,10 +307,13 @@ class VerlRolloutAdapter(Adapter):
             theirs = padding.left_right_2_no_padding
             ours = self.patches.wrap(padding, "left_right_2_no_padding", _expand_for_trainer)
             for name, module in list(sys.modules.items()):  # `from ... import` copies (verl's
-                if (  # PPO trainer has one)
+                copy = vars(module).get("left_right_2_no_padding")  # PPO trainer has one)
+                # a module imported while an earlier install was in place holds that install's
+                # proxy, which passes through since its uninstall: hooked again too
+                if (
                     name.startswith("verl.")
                     and module is not padding
-                    and vars(module).get("left_right_2_no_padding") is theirs
+                    and any(c is theirs for c in wrapper_chain(copy))
                 ):
                     self.patches.set(module, "left_right_2_no_padding", ours)
         return tuple(f"{getattr(o, '__name__', o)}.{a}" for o, a in self.patches)
