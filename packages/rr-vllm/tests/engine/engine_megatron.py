@@ -9,12 +9,11 @@ vs Megatron trainer") and written as JSON to ``$RR_ENGINE_MEGATRON_REPORT`` when
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import functools
-import json
 
 import numpy as np
 import pytest

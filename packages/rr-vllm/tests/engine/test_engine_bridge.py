@@ -24,7 +24,9 @@ pytest.importorskip("rr_megatron_compat", reason="rr-megatron-compat is not inst
 from rr_fakes.megatron.bridge_shims import unavailable_reason
 
 if unavailable_reason():
-    pytest.skip(f"Megatron-Bridge does not run here: {unavailable_reason()}", allow_module_level=True)
+    pytest.skip(
+        f"Megatron-Bridge does not run here: {unavailable_reason()}", allow_module_level=True
+    )
 
 from engine_megatron import MegatronFigures, register_summary
 from engine_megatron import figures as megatron_figures
@@ -60,7 +62,8 @@ def test_bridge_converts_the_checkpoint_as_rr_loader_and_transformers(
     assert sorted(converted.native_ids) == sorted(loaded.native_ids)
     for layer, ids in converted.native_ids.items():
         assert torch.equal(ids, loaded.native_ids[layer]), f"layer {layer} routes differently"
-    assert converted.logits_native is not None and loaded.logits_native is not None
+    assert converted.logits_native is not None
+    assert loaded.logits_native is not None
     torch.testing.assert_close(converted.logits_native, loaded.logits_native, atol=1e-4, rtol=0)
 
     roll = rollout(engines, family, "float32", variant=json.loads(_variant(family)))

@@ -145,7 +145,8 @@ def _submodules(builder: Any) -> Any:
 def _with_submodules(builder: Any, **changes: Any) -> Any:
     parts = dataclasses.replace(_submodules(builder), **changes)
     if isinstance(builder, functools.partial):
-        return functools.partial(builder.func, *builder.args, **{**builder.keywords, "submodules": parts})
+        keywords = {**builder.keywords, "submodules": parts}
+        return functools.partial(builder.func, *builder.args, **keywords)
     return dataclasses.replace(builder, submodules=parts)
 
 
@@ -195,7 +196,11 @@ def convert_hf_checkpoint(
     provider.transformer_layer_spec = _cpu_spec(provider.transformer_layer_spec)
     fields = dict(CPU_OVERRIDES)
     if family.partial_rotary:
-        fields["rotary_percent"] = auto.hf_pretrained.config.rope_parameters["partial_rotary_factor"]
-    provider.apply_overrides_and_finalize(dtype=torch.float32, overrides={**fields, **(overrides or {})})
-    (model,) = provider.provide_distributed_model(wrap_with_ddp=False)
+        rope = auto.hf_pretrained.config.rope_parameters
+        fields["rotary_percent"] = rope["partial_rotary_factor"]
+    provider.apply_overrides_and_finalize(
+        dtype=torch.float32, overrides={**fields, **(overrides or {})}
+    )
+    chunks: list[nn.Module] = provider.provide_distributed_model(wrap_with_ddp=False)
+    (model,) = chunks  # no virtual pipeline: one chunk
     return model.eval()

@@ -42,7 +42,9 @@ from rr_fakes.megatron._nested import outermost_under_megatron_cpu
 #: and that building a replayed model never uses (the module docstring).
 PLACEHOLDER_IMPORTS: Mapping[str, str] = {
     "megatron.bridge.peft.lora_layers": "transformer_engine",
-    "megatron.bridge.models.bailing.modeling_bailing_moe_v2": "transformers.modeling_attn_mask_utils",
+    "megatron.bridge.models.bailing.modeling_bailing_moe_v2": (
+        "transformers.modeling_attn_mask_utils"
+    ),
 }
 
 #: Provider fields every CPU build sets: the fusions are Transformer Engine or torch.compile'd
