@@ -52,14 +52,15 @@ class BridgeFamily:
 
 
 #: The checkpoints hold no multi-token-prediction layers (transformers saves none), which the
-#: providers build from ``num_nextn_predict_layers`` (default 1): unloaded, and the MTP loss
-#: needs Transformer Engine ("Trying to use a TE block when it's not present.").
+#: providers build from ``num_nextn_predict_layers`` (default 1) and leave unloaded (a warning
+#: per tensor); DeepSeek-V3's forward then raises "Trying to use a TE block when it's not
+#: present." (its MTP loss).
 _NO_MTP = {"num_nextn_predict_layers": 0}
 
 BRIDGE_FAMILIES: Mapping[str, BridgeFamily] = {
     # The provider sets decoder_sparse_step = 1 and ignores mlp_only_layers: on the dense-first
     # checkpoint layer 1 is built as MoE with no weights loaded (a warning per tensor, NaN
-    # logits). Qwen3-MoE releases have no dense layers, nor has this checkpoint.
+    # logits). Qwen3-MoE releases have no dense layers, nor has the checkpoint it is given.
     "qwen3_moe": BridgeFamily(checkpoint={"mlp_only_layers": []}),
     # The OLMoE attention's k norm spans num_attention_heads * head_dim: with grouped query
     # attention bridge raises "Shape mismatch for megatron param decoder.layers.0.
@@ -72,8 +73,8 @@ BRIDGE_FAMILIES: Mapping[str, BridgeFamily] = {
     "deepseek_v3": BridgeFamily(hf_config=_NO_MTP),
 }
 
-#: Families of rr_fakes.hf_checkpoints bridge 0.6.2 has no converter for (``AutoBridge.
-#: supports`` is False for their architectures).
+#: Families of rr_fakes.hf_checkpoints bridge 0.6.2 has no converter for (their architectures
+#: are not in ``AutoBridge.list_supported_models()``).
 BRIDGE_UNSUPPORTED: tuple[str, ...] = ("qwen2_moe", "mixtral")
 
 
