@@ -80,9 +80,13 @@ class _Absent(type):
         raise RuntimeError(f"{cls.__qualname__} is not installed (rr_fakes' import placeholder)")
 
 
+#: What a placeholder's error calls the package it stands for.
+_DISPLAY_NAMES = {"transformer_engine": "Transformer Engine"}
+
+
 def _placeholder(name: str) -> types.ModuleType:
     """A module ``name`` whose every attribute is a placeholder."""
-    absent = _Absent(name, (), {})
+    absent = _Absent(_DISPLAY_NAMES.get(name, name), (), {})
 
     class Module(types.ModuleType):
         def __getattr__(self, attr: str) -> Any:
