@@ -52,13 +52,19 @@ def bridge(checkpoint: HFCheckpoint, fields: Mapping[str, Any]) -> Any:
 BUILDS: dict[str, Build] = {"rr loader": rr_loader, "bridge": bridge}
 
 
-@functools.cache
 def figures(
     engines: Engines, family: str, dtype: str, build: str, variant: str = "{}"
 ) -> MegatronFigures:
     """:func:`megatron_replay` of the rollout of ``family`` (the checkpoint with the config
     fields ``variant``, JSON) on a ``dtype`` engine, through the GPTModel ``BUILDS[build]``
     makes; once per session, its row added to :data:`ROWS`."""
+    return _figures(engines, family, dtype, build, variant)  # one cache key however called
+
+
+@functools.cache
+def _figures(
+    engines: Engines, family: str, dtype: str, build: str, variant: str
+) -> MegatronFigures:
     roll = rollout(engines, family, dtype, variant=json.loads(variant))
     result = megatron_replay(roll, BUILDS[build], build)
     result.variant = "" if variant == "{}" else variant
