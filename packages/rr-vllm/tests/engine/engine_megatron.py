@@ -192,6 +192,14 @@ def megatron_replay(roll: Rollout, build: Build, converter: str) -> MegatronFigu
     )
 
 
+def expect_exact_replay(figures: MegatronFigures, checkpoint: Any) -> None:
+    """Under replay every (token, MoE layer) the engine routed went to the engine's experts,
+    on every MoE layer of ``checkpoint``, and the controller measured each of them."""
+    assert figures.pairs > 0
+    assert figures.replay_mismatches_per_layer == dict.fromkeys(checkpoint.moe_layer_numbers, 0)
+    assert sorted(figures.controller_agreement) == sorted(figures.replay_mismatches_per_layer)
+
+
 class _Summary:
     """Prints :data:`ROWS` in the terminal summary (a test module cannot define the hook
     itself; the engine folder's conftest prints the transformers table)."""
