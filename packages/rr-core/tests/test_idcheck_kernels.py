@@ -1,5 +1,6 @@
 """The two row-word kernels (numpy, and numba where it imports) give the same flags bit for bit,
-and the flags a plain per-row reading gives; the kernel is chosen as documented."""
+and the flags a plain per-row reading gives; the kernel is chosen as documented; arming refuses
+exactly the bad replayed rows with either."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rr_core import kernels
+from rr_core import ReplayError, kernels
+from rr_core.replay.targets import check_target_ids
+from rr_core.routes import idcheck_numba
 from rr_core.routes import idcheck_words as words
 
 needs_numba = pytest.mark.skipif(not kernels.numba_available(), reason="numba is not installed")
@@ -113,3 +116,50 @@ def test_an_unknown_kernel_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "_CHOSEN", ["cuda"])  # RR_KERNEL=cuda
     with pytest.raises(ValueError, match="RR_KERNEL must be one of"):
         kernels.kernel()
+
+
+@pytest.mark.parametrize("kernel", ["numpy", pytest.param("numba", marks=needs_numba)])
+@settings(max_examples=150, deadline=None)
+@given(**ROWS, layers=st.integers(1, 5), data=st.data())
+def test_arming_refuses_exactly_the_bad_replayed_rows(
+    kernel: str, k: int, num_experts: int, rows: int, seed: int, layers: int, data: st.DataObject
+) -> None:
+    """The arming check (one compiled pass through the row index, the mask and the checked
+    slots where numba runs; torch ops otherwise) refuses a micro-batch iff a replayed row of a
+    checked slot is bad, and names one."""
+    rng = np.random.default_rng(seed)
+    e = min(max(num_experts, k), 256)  # good rows exist
+    routes = np.argsort(rng.random((rows, layers, e)), -1)[..., :k].astype(np.uint8)
+    bad_ones = data.draw(st.integers(0, 3))  # a few bad words among good ones
+    where = rng.integers(0, [rows, layers], size=(bad_ones, 2))
+    routes[where[:, 0], where[:, 1]] = draw_rows(rng, bad_ones, k, e)
+    slots = sorted(data.draw(st.sets(st.integers(0, layers - 1), min_size=1)))
+    mask = torch.from_numpy(rng.random(rows) < 0.8) if data.draw(st.booleans()) else None
+    rows_T = torch.from_numpy(rng.integers(0, rows, rows)) if data.draw(st.booleans()) else None
+    read = routes if rows_T is None else routes[rows_T.numpy()]
+    bad = reference(read[:, slots].reshape(-1, k), e)[:2].any(0).reshape(-1, len(slots))
+    if mask is not None:
+        bad &= mask.numpy()[:, None]
+    if kernel == "numba":  # the pass itself (a false alarm would only cost the torch path)
+        assert idcheck_numba.any_bad(
+            routes.view(words.WORDS[k])[..., 0],
+            e,
+            np.array([] if len(slots) == layers else slots, dtype=np.int64),
+            np.zeros(0, np.int64) if rows_T is None else rows_T.numpy(),
+            np.zeros(0, bool) if mask is None else mask.numpy(),
+        ) == bool(bad.any())
+    with kernels.use_kernel(kernel):
+        call = lambda: check_target_ids(  # noqa: E731
+            torch.from_numpy(routes),
+            num_experts=e,
+            replay_mask_T=mask,
+            slot_layers={s: s + 1 for s in slots},
+            microbatch=0,
+            rows_T=rows_T,
+        )
+        if not bad.any():
+            call()
+            return
+        row, column = np.argwhere(bad)[0]
+        with pytest.raises(ReplayError, match=rf"layer {slots[column] + 1}, row {row}: "):
+            call()

@@ -19,6 +19,7 @@ from rr_core import (
     RouteBatch,
     RouteMeta,
     RRWarning,
+    kernels,
     replay_topk,
 )
 from rr_core.records.shards import concat_batches
@@ -134,10 +135,17 @@ class _Ops(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_a_replaying_call_runs_only_the_ops_of_the_route(masked: bool) -> None:
-    # checks happen at arming; per call: the layer's ids, widened, R3's native rows (a top-k
-    # of those rows only, merged in one index_copy_) and one gather. No nonzero: no host sync
-    controller, router = _controller(8, 2)
+@pytest.mark.parametrize("kernel", ["numba", "numpy"])
+def test_a_replaying_call_runs_only_the_ops_of_the_route(masked: bool, kernel: str) -> None:
+    # checks happen at arming; per call (after the micro-batch's first) on the torch path: the
+    # layer's ids, widened, R3's native rows (a top-k of those rows only, merged in one
+    # index_copy_) and one gather; where the compiled pass runs, the scores read on the host
+    # (two views), the ids it wrote and the gather, the agreement counted there too. No
+    # nonzero: no host sync
+    if kernel == "numba" and not kernels.numba_available():
+        pytest.skip("numba is not installed")
+    agreement = kernel == "numba"
+    controller, router = _controller(8, 2, agreement)
     try:
         routes_TLK = distinct_ids(16, 2, num_experts=8, top_k=2, seed=0, dtype=torch.uint8)
         mask_T = torch.ones(16, dtype=torch.bool)
@@ -146,10 +154,16 @@ def test_a_replaying_call_runs_only_the_ops_of_the_route(masked: bool) -> None:
             0, routes_TLK, layer_numbers=(1, 2), replay_mask_T=mask_T if masked else None
         )
         scores_TE = torch.softmax(torch.randn(16, 8, requires_grad=True), dim=-1)
-        with _Ops() as seen:
-            controller.route(router, scores_TE, 2)
+        with kernels.use_kernel(kernel):
+            controller.route(router, scores_TE, 2)  # the first reads the armed ids once
+            with _Ops() as seen:
+                controller.route(router, scores_TE, 2)
+        assert set(controller.agreement()) == ({2} if agreement else set())
     finally:
         controller.detach()
+    if kernel == "numba":
+        assert seen.ops == ["detach", "detach", "lift_fresh", "gather"]
+        return
     native = ["detach", "index_select", "topk", "index_copy_"] if masked else []
     assert seen.ops == ["select", "_to_copy", *native, "gather"]
 
@@ -231,3 +245,34 @@ def test_a_route_batch_arms_as_checked_as_its_ids_were(checked: str) -> None:
         assert replayed_unchecked_ids() is (checked == "unchecked")
     finally:
         controller.detach()
+
+
+@pytest.mark.skipif(not kernels.numba_available(), reason="numba is not installed")
+@settings(max_examples=60, deadline=None)
+@given(t=st.integers(1, 12), e=st.integers(2, 12), data=st.data())
+def test_the_compiled_pass_ranks_native_rows_as_topk_with_ties_to_the_lower_id(
+    t: int, e: int, data: st.DataObject
+) -> None:
+    # scores of few distinct values (ties everywhere), NaN among them: torch.topk's values,
+    # NaN first; among equal scores the lower expert id first (torch leaves that order open)
+    k = data.draw(st.integers(1, e))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    scores_TE = torch.randint(0, 3, (t, e), generator=g).float()
+    scores_TE[torch.rand(t, e, generator=g) < 0.1] = float("nan")
+    mask_T = torch.rand(t, generator=g) < 0.5
+    routes_TLK = distinct_ids(t, 2, num_experts=e, top_k=k, seed=0).to(torch.uint8)
+    controller, router = _controller(e, k, agreement=True)
+    try:
+        controller.arm(0, routes_TLK, layer_numbers=(1, 2), replay_mask_T=mask_T)
+        with kernels.use_kernel("numba"):
+            out = controller.route(router, scores_TE, k)
+    finally:
+        controller.detach()
+    key_TE = torch.where(scores_TE.isnan(), float("inf"), scores_TE)
+    order_TE = torch.from_numpy(np.lexsort((np.arange(e)[None].repeat(t, 0), -key_TE.numpy())))
+    want_TK = torch.where(mask_T[:, None], routes_TLK[:, 1].long(), order_TE[:, :k])
+    assert torch.equal(out.ids_TK, want_TK)
+    native_values = torch.topk(scores_TE, k, dim=-1).values
+    assert torch.allclose(
+        out.values_TK[~mask_T], native_values[~mask_T], rtol=0, atol=0, equal_nan=True
+    )

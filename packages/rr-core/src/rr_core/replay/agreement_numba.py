@@ -98,15 +98,15 @@ def topk_set_and_order_cpu(
     return agree_T, in_order_T
 
 
-def count_agreement_cpu(
-    scores_TE: torch.Tensor, ids_TK: torch.Tensor, mask_T: np.ndarray | None, hits_2: np.ndarray
+def count_agreement(
+    scores_TE: np.ndarray, ids_TK: np.ndarray, mask_T: np.ndarray | None, hits_2: np.ndarray
 ) -> None:
     """Add to ``hits_2`` (int64 ``[set agrees, set agrees and slots in order]``) the counts of
-    the rows of ``mask_T`` (every row when None). For CPU scores :func:`runs_on` accepts,
-    ``[T, K]`` int64 CPU ids and a numpy bool ``[T]`` mask."""
+    the rows of ``mask_T`` (every row when None). Host arrays: scores of a dtype :func:`runs_on`
+    accepts, ``[T, K]`` int64 ids in ``[0, E)``, a bool ``[T]`` mask."""
     _kernel()(
-        scores_TE.detach().numpy(),
-        ids_TK.numpy(),
+        scores_TE,
+        ids_TK,
         _NO_ROWS if mask_T is None else mask_T,
         _NO_ROWS,
         _NO_ROWS,

@@ -78,29 +78,27 @@ class Arming(ControllerState):
         if validate:
             slot_layers = {slot: self._layers[i] for i, slot in enumerate(slot_of_router)}
             check_target_ids(
-                routes_TLK if rows_T is None else routes_TLK.index_select(0, rows_T),
+                routes_TLK,
                 num_experts=self.num_experts,
                 replay_mask_T=replay_mask_T,
                 slot_layers=slot_layers,
                 microbatch=microbatch,
+                rows_T=rows_T,
             )
         consumed = [False] * len(self._routers)
-        if replay_mask_T is None:
-            native_rows_N, replayed = None, rows
-        else:
-            native_rows_N = (~replay_mask_T).nonzero().flatten()
-            replayed = rows - native_rows_N.numel()
-        self._armed[microbatch] = Armed(
+        armed = Armed(
             routes_TLK,
             slot_of_router,
             replay_mask_T,
             consumed,
-            native_rows_N,
             rows_T=rows_T,
-            replayed_rows=replayed,
+            replayed_rows=rows,
             validated=validate,
             rows=rows,
         )
+        if replay_mask_T is not None:
+            armed.count_replayed_rows()
+        self._armed[microbatch] = armed
 
     def arm_batch(
         self,

@@ -21,21 +21,23 @@ import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from rr_core.errors import ReplayError, RRWarning
-from rr_core.replay import agreement_numba
+from rr_core.replay import agreement_numba, replay_numba
 from rr_core.replay.arming import Arming
 from rr_core.replay.modes import ReplayMode, as_mode, layer_numbers_of, unchecked_ids_error
 from rr_core.replay.owners import OWNERS, attached_router_count, controller_of, router_topk
 from rr_core.replay.report import StepReport, StepReports
 from rr_core.replay.scope import MicrobatchScopes, in_backward
-from rr_core.replay.state import DEFAULT_MICROBATCH
+from rr_core.replay.state import DEFAULT_MICROBATCH, Armed
 from rr_core.replay.tally import Tally
 from rr_core.replay.topk import (
     TopK,
     check_real_scores,
+    checked_values,
     in_score_order_T,
     native_ids,
     native_topk,
@@ -277,12 +279,16 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
                 f"tokens but {armed.rows} rows are armed; arm rows in the router's "
                 "token order (after sequence-parallel scatter, context-parallel split, packing)"
             )
-        target_TK = armed.target_TK(index)
         exact = self.measure_agreement == "exact" and not backward
-        native_TK = native_ids(scores_TE, self.top_k) if exact else None
         # route() checked the scores' shape and k; arm() the targets' dtype and shape and the
         # mask: only the scores' dtype is left to check here
         dtype, device = check_real_scores(scores_TE), scores_TE.device
+        on_host = not exact and agreement_numba.runs_on(device, dtype)
+        host_ids = armed.host_ids() if on_host else None
+        if host_ids is not None:
+            return self._replay_on_host(index, armed, backward, scores_TE, values_TE, host_ids)
+        target_TK = armed.target_TK(index)
+        native_TK = native_ids(scores_TE, self.top_k) if exact else None
         try:
             out = replay_checked(
                 scores_TE,
@@ -291,7 +297,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
                 armed.mask_T,
                 values_TE,
                 native_TK,
-                armed.native_rows_N,
+                armed.native_rows(),
                 device,
             )
         except (IndexError, RuntimeError) as e:  # only unchecked (validate=False) ids get here
@@ -302,13 +308,8 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         if not backward:
             armed.consumed[index] = True
         if self.measure_agreement and not backward:
-            if native_TK is None and agreement_numba.runs_on(device, dtype):
-                # counted on the host as the call runs: nothing pending, nothing to sum later
-                tally = self._agreement.setdefault(index, Tally())
-                tally.rows += armed.replayed_rows
-                agreement_numba.count_agreement_cpu(
-                    scores_TE, out.ids_TK, armed.mask_numpy(), tally.counted
-                )
+            if native_TK is None and on_host:  # the gather took the ids: all in range
+                self._count_on_host(index, armed, scores_TE.detach().numpy(), out.ids_TK.numpy())
                 return out
             if native_TK is not None:
                 agree_T = same_sets_T(out.ids_TK, native_TK)
@@ -319,6 +320,41 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
                 agree_T &= armed.mask_T.to(agree_T.device, non_blocking=True)
             self._add_agreement(index, agree_T, in_order_T, armed.replayed_rows)
         return out
+
+    def _replay_on_host(
+        self,
+        index: int,
+        armed: Armed,
+        backward: bool,
+        scores_TE: torch.Tensor,
+        values_TE: torch.Tensor | None,
+        host_ids: tuple[np.ndarray, np.ndarray | None],
+    ) -> TopK:
+        """A replaying call on the CPU: the ids from one compiled pass (armed ids, R3's native
+        rows ranked), one gather for the values, the agreement counted on the host."""
+        scores_np = scores_TE.detach().numpy()
+        routes_RLK, rows_T = host_ids
+        mask_T = armed.mask_numpy()
+        ids_np = replay_numba.replay_ids_cpu(
+            scores_np, routes_RLK, armed.slot_of_router[index], rows_T, mask_T, self.top_k
+        )
+        ids_TK = torch.from_numpy(ids_np)
+        source_TE = scores_TE if values_TE is None else checked_values(values_TE, scores_TE)
+        out = TopK(source_TE.gather(-1, ids_TK), ids_TK)
+        if not backward:
+            armed.consumed[index] = True
+            if self.measure_agreement:
+                self._count_on_host(index, armed, scores_np, ids_np)
+        return out
+
+    def _count_on_host(
+        self, index: int, armed: Armed, scores_TE: np.ndarray, ids_TK: np.ndarray
+    ) -> None:
+        # counted as the call runs, into the tally's host counts: nothing pending, nothing
+        # to sum at the step's end
+        tally = self._agreement.setdefault(index, Tally())
+        tally.rows += armed.replayed_rows
+        agreement_numba.count_agreement(scores_TE, ids_TK, armed.mask_numpy(), tally.counted)
 
     def replay_mask(self, router: nn.Module) -> torch.Tensor | None:
         """The replay mask in effect for ``router``'s current call (rows marked False route

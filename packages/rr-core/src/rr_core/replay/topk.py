@@ -28,7 +28,7 @@ def native_topk(scores_TE: torch.Tensor, k: int, *, values_TE: torch.Tensor | No
     selected, ids_TK = torch.topk(scores_TE, k, dim=-1)
     if values_TE is None:
         return TopK(selected, ids_TK)
-    return TopK(_values(values_TE, scores_TE).gather(-1, ids_TK), ids_TK)
+    return TopK(checked_values(values_TE, scores_TE).gather(-1, ids_TK), ids_TK)
 
 
 def native_ids(scores_TE: torch.Tensor, k: int) -> torch.Tensor:
@@ -99,7 +99,7 @@ def replay_checked(
     checks the scores per call and the targets and mask once, when they are armed; on small
     batches those checks cost as much as the ops themselves. ``device``: the scores' device,
     when the caller has read it already."""
-    source_TE = scores_TE if values_TE is None else _values(values_TE, scores_TE)
+    source_TE = scores_TE if values_TE is None else checked_values(values_TE, scores_TE)
     if device is None:
         device = scores_TE.device
     ids_TK = target_ids_TK
@@ -138,7 +138,7 @@ def check_real_scores(scores_TE: torch.Tensor) -> torch.dtype:
 _NOT_IDS = frozenset({torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
-def _values(values_TE: object, scores_TE: torch.Tensor) -> torch.Tensor:
+def checked_values(values_TE: object, scores_TE: torch.Tensor) -> torch.Tensor:
     """``values_TE`` (the scores a router weights with) when shaped like ``scores_TE``."""
     if not isinstance(values_TE, torch.Tensor) or values_TE.shape != scores_TE.shape:
         got = getattr(values_TE, "shape", type(values_TE).__name__)

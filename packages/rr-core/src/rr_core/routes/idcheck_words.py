@@ -27,19 +27,19 @@ from rr_core.routes import idcheck_numba
 from rr_core.threads import over_ranges
 
 CHUNK = 1 << 15
-_WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def covers(ids_RK: torch.Tensor) -> bool:
     """Whether :func:`word_flags` handles these rows."""
     cpu_bytes = ids_RK.dtype == torch.uint8 and ids_RK.device.type == "cpu"
-    return cpu_bytes and ids_RK.shape[-1] in _WORDS
+    return cpu_bytes and ids_RK.shape[-1] in WORDS
 
 
 def covers_narrowed(ids_RK: torch.Tensor) -> bool:
     """Whether wider integer ids, once narrowed to bytes, fit :func:`word_flags`."""
     wide = ids_RK.dtype in (torch.int16, torch.int32, torch.int64)
-    return wide and ids_RK.device.type == "cpu" and ids_RK.shape[-1] in _WORDS
+    return wide and ids_RK.device.type == "cpu" and ids_RK.shape[-1] in WORDS
 
 
 def _every_byte(word: type[np.unsignedinteger[Any]], byte: int) -> np.unsignedinteger[Any]:
@@ -67,7 +67,7 @@ def _high_bytes(w: np.ndarray, num_experts: int, tmp: np.ndarray) -> np.ndarray:
 def word_flags(ids_RK: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, ...]:
     """``(out_of_range_R, repeated_R, nonzero_R)`` of uint8 rows ``[..., K]``, K in {2, 4, 8}."""
     k = ids_RK.shape[-1]
-    words = ids_RK.reshape(-1, k).contiguous().numpy().view(_WORDS[k]).reshape(-1)
+    words = ids_RK.reshape(-1, k).contiguous().numpy().view(WORDS[k]).reshape(-1)
     flags = np.empty((3, words.size), dtype=bool)
     scan = idcheck_numba.scan if kernels.kernel() == "numba" else _scan
     over_ranges(words.size, CHUNK, lambda a, b: scan(words[a:b], num_experts, flags[:, a:b]))
