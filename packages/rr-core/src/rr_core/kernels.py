@@ -1,12 +1,15 @@
 """Which CPU kernels run: numba-compiled ones where numba imports (optional:
 ``pip install rr-core[numba]``; vLLM itself pins numba, so an rr-vllm user has it), numpy
-otherwise. Each compiled kernel has a numpy twin that gives the same result bit for bit.
+otherwise. Each compiled kernel has a numpy (or torch) twin that gives the same result bit for
+bit (the replay pass: but the order of tied scores in a native row, which torch leaves open).
 
 ``RR_KERNEL=numpy`` (or :func:`use_kernel` in tests and benchmarks) picks numpy where numba is
-installed. The kernels: the id checks of byte rows (:mod:`rr_core.routes.idcheck_numba`), the
-set codec's ranking and packing of top-8 byte rows (:mod:`rr_core.codecs.sets_numba`), and the
-decoders of the ``set`` and ``packed`` payloads straight into the caller's layout
-(:mod:`rr_core.codecs.decode_numba`).
+installed. The kernels: the id checks of byte rows, also arming's check through its row index
+and mask (:mod:`rr_core.routes.idcheck_numba`), the set codec's ranking and packing of top-8
+byte rows (:mod:`rr_core.codecs.sets_numba`), the decoders of the ``set`` and ``packed``
+payloads straight into the caller's layout (:mod:`rr_core.codecs.decode_numba`), and a
+replaying router call's ids and agreement counts (:mod:`rr_core.replay.replay_numba`,
+:mod:`rr_core.replay.agreement_numba`).
 """
 
 from __future__ import annotations
