@@ -207,21 +207,29 @@ def install_engine(session: nox.Session) -> None:
     )
     install_with_torch(  # not under --only-binary: omegaconf needs antlr4 4.9, an sdist
         session,
-        *MEGATRON_DATA["ENGINE_BRIDGE_DEPS"],
+        *beside_engine(MEGATRON_DATA["BRIDGE_IMPORT_DEPS"]),
         *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
         *editable("rr-megatron-compat", "rr-demo"),
     )
+
+
+def beside_engine(deps: tuple[str, ...]) -> list[str]:
+    """``deps`` without their transformers pin: the engine pins transformers to the newest
+    release rr-transformers is tested on (``NEWEST_TRANSFORMERS``), past what bridge (<=5.12.1)
+    and verl (<5.11) declare; both import and run on it, rr-fakes' CPU harness answering the one
+    module 5.24 no longer ships (``transformers.modeling_attn_mask_utils``, read by bridge's
+    Bailing model)."""
+    return [dep for dep in deps if not dep.startswith("transformers=")]
 
 
 def install_verl_beside_engine(session: nox.Session) -> None:
     """verl (its agent loop and Megatron engine) beside the engine, for the step from the
     engine's answers into verl's trainer; on the engine's transformers, which verl's engine
     code imports and runs on (verl's own pin would replace the release the engine runs)."""
-    deps = [d for d in MEGATRON_DATA["VERL_IMPORT_DEPS"] if not d.startswith("transformers=")]
     install_with_torch(session, "--no-deps", f"verl=={MEGATRON_DATA['VERL_RELEASE']}")
     install_with_torch(
         session,
-        *deps,
+        *beside_engine(MEGATRON_DATA["VERL_IMPORT_DEPS"]),
         *MEGATRON_DATA["VERL_ROLLOUT_DEPS"],
         f"transformers=={NEWEST_TRANSFORMERS}",
     )

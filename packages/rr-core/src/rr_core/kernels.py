@@ -20,6 +20,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+
+#: Empty arrays the compiled kernels read as "none" (no mask, no row index, no per-row output,
+#: every slot): one typed argument in place of an optional one, so each kernel compiles once.
+EMPTY_BOOL = np.zeros(0, dtype=np.bool_)
+EMPTY_INT64 = np.zeros(0, dtype=np.int64)
+
 #: The kernels that can run; ``None`` (the default): numba where it imports.
 KERNELS = ("numba", "numpy")
 _CHOSEN: list[str | None] = [os.environ.get("RR_KERNEL") or None]

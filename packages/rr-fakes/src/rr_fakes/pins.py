@@ -90,13 +90,3 @@ BRIDGE_IMPORT_DEPS: tuple[str, ...] = (
     "einops==0.8.2",  # megatron.bridge.models.qwen_vl.modelling_qwen3_vl.attention
     "omegaconf==2.3.1",  # megatron.bridge.models.config
 )
-
-#: What the engine session installs beside vLLM's CPU build for bridge's Hugging Face conversion
-#: (``rr_fakes.megatron.bridge_hf``): :data:`BRIDGE_IMPORT_DEPS` but transformers, which the
-#: engine pins to the newest release rr-transformers is tested on (5.24.0), past bridge's
-#: declared <=5.12.1; bridge imports and converts with it, rr-fakes' CPU harness answering the
-#: one module 5.24 no longer ships (``transformers.modeling_attn_mask_utils``, read by bridge's
-#: Bailing model).
-ENGINE_BRIDGE_DEPS: tuple[str, ...] = tuple(
-    dep for dep in BRIDGE_IMPORT_DEPS if not dep.startswith("transformers==")
-)

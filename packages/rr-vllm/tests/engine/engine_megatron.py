@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from engine_rollouts import Engines, Figures, Rollout, gap_row, report_figures, rollout
+from engine_rollouts import (
+    Engines,
+    Figures,
+    Rollout,
+    engine_logprobs,
+    gap_row,
+    report_figures,
+    rollout,
+)
 
 import rr_megatron_compat as rmc
 from rr_core import ReplayController, ReplayMode
@@ -172,7 +180,7 @@ def megatron_replay(roll: Rollout, build: Build, converter: str) -> MegatronFigu
     for b, (prompt, generated, completion) in enumerate(seqs):
         at = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(generated))
         tok = torch.tensor(generated)
-        engine = np.array([completion.logprobs[g][t].logprob for g, t in enumerate(generated)])
+        engine = engine_logprobs(completion, generated)
         gap_native.append(np.abs(lp_native[b, at, tok].numpy() - engine))
         gap_replay.append(np.abs(lp_replay[b, at, tok].numpy() - engine))
         differs.append(differs_BS[b, at].numpy())

@@ -323,6 +323,11 @@ class ReplayFigures(Figures):
         }
 
 
+def engine_logprobs(completion: Any, generated: list[int]) -> np.ndarray:
+    """The engine's log-prob of each sampled token (vLLM's per-position logprobs dicts)."""
+    return np.array([completion.logprobs[g][tok].logprob for g, tok in enumerate(generated)])
+
+
 def gap_row(native: np.ndarray, replay: np.ndarray, differs: np.ndarray) -> dict[str, Any]:
     """The log-prob gap columns of a figures row: the mean over sampled tokens without and
     with replay, and the same over the tokens routed differently natively."""
@@ -414,9 +419,7 @@ def replay(roll: Rollout) -> ReplayFigures:
         diff_T = torch.zeros(len(prompt) + len(generated), dtype=torch.bool)
         diff_T[rows] = native_diff_RM.any(-1)
         differs.append(diff_T[len(prompt) - 1 : len(prompt) - 1 + len(generated)].numpy())
-        engine_lp = np.array(
-            [completion.logprobs[g][tok].logprob for g, tok in enumerate(generated)]
-        )
+        engine_lp = engine_logprobs(completion, generated)
         gap_native.append(np.abs(lp_native[b] - engine_lp))
         gap_replay.append(np.abs(lp_replay[b] - engine_lp))
         n = len(prompt) + len(generated)

@@ -33,7 +33,7 @@ import torch
 from rr_core.codecs.sets import _greedy_cpu
 from rr_core.codecs.sets_fast import TOP_K
 from rr_core.codecs.stream_words import stream_words
-from rr_core.kernels import compile_kernel
+from rr_core.kernels import EMPTY_INT64, compile_kernel
 from rr_core.threads import over_ranges
 
 _UNRANK: list[Callable[..., bool]] = []
@@ -154,7 +154,7 @@ def unrank_into(
     total, shifts, bases, table, last = _set_tables(num_experts)
     L = out_XLK.shape[1]
     out = out_XLK.numpy().reshape(-1)
-    rows = np.empty(0, dtype=np.int64) if rows_V is None else rows_V.numpy()
+    rows = EMPTY_INT64 if rows_V is None else rows_V.numpy()
     slots = slots_M.numpy()
     kernel = _UNRANK[0]
 

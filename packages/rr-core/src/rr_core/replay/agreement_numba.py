@@ -22,7 +22,6 @@ import torch
 from rr_core import kernels
 
 _KERNEL: list[Callable[..., None]] = []
-_NO_ROWS = np.zeros(0, dtype=np.bool_)  # "no per-row output" / "no mask: every row counts"
 
 
 def _build() -> Callable[..., None]:
@@ -94,7 +93,7 @@ def topk_set_and_order_cpu(
     agree_T = torch.empty(rows, dtype=torch.bool)
     in_order_T = torch.empty(rows, dtype=torch.bool)
     out = (agree_T.numpy(), in_order_T.numpy(), np.zeros(2, dtype=np.int64))
-    _kernel()(scores_TE.detach().numpy(), ids_TK.numpy(), _NO_ROWS, *out)
+    _kernel()(scores_TE.detach().numpy(), ids_TK.numpy(), kernels.EMPTY_BOOL, *out)
     return agree_T, in_order_T
 
 
@@ -107,8 +106,8 @@ def count_agreement(
     _kernel()(
         scores_TE,
         ids_TK,
-        _NO_ROWS if mask_T is None else mask_T,
-        _NO_ROWS,
-        _NO_ROWS,
+        kernels.EMPTY_BOOL if mask_T is None else mask_T,
+        kernels.EMPTY_BOOL,  # no per-row output: counts only
+        kernels.EMPTY_BOOL,
         hits_2,
     )

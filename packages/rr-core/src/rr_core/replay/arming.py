@@ -86,19 +86,15 @@ class Arming(ControllerState):
                 rows_T=rows_T,
             )
         consumed = [False] * len(self._routers)
-        armed = Armed(
+        self._armed[microbatch] = Armed(
             routes_TLK,
             slot_of_router,
             replay_mask_T,
             consumed,
             rows_T=rows_T,
-            replayed_rows=rows,
             validated=validate,
             rows=rows,
         )
-        if replay_mask_T is not None:
-            armed.count_replayed_rows()
-        self._armed[microbatch] = armed
 
     def arm_batch(
         self,

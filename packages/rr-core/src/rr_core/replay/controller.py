@@ -284,7 +284,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         # mask: only the scores' dtype is left to check here
         dtype, device = check_real_scores(scores_TE), scores_TE.device
         on_host = not exact and agreement_numba.runs_on(device, dtype)
-        host_ids = armed.host_ids() if on_host else None
+        host_ids = armed.host_ids if on_host else None
         if host_ids is not None:
             return self._replay_on_host(index, armed, backward, scores_TE, values_TE, host_ids)
         target_TK = armed.target_TK(index)
@@ -297,7 +297,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
                 armed.mask_T,
                 values_TE,
                 native_TK,
-                armed.native_rows(),
+                armed.native_rows,
                 device,
             )
         except (IndexError, RuntimeError) as e:  # only unchecked (validate=False) ids get here
@@ -334,7 +334,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         rows ranked), one gather for the values, the agreement counted on the host."""
         scores_np = scores_TE.detach().numpy()
         routes_RLK, rows_T = host_ids
-        mask_T = armed.mask_numpy()
+        mask_T = armed.mask_numpy
         ids_np = replay_numba.replay_ids_cpu(
             scores_np, routes_RLK, armed.slot_of_router[index], rows_T, mask_T, self.top_k
         )
@@ -354,7 +354,7 @@ class ReplayController(Arming, MicrobatchScopes, StepReports):
         # to sum at the step's end
         tally = self._agreement.setdefault(index, Tally())
         tally.rows += armed.replayed_rows
-        agreement_numba.count_agreement(scores_TE, ids_TK, armed.mask_numpy(), tally.counted)
+        agreement_numba.count_agreement(scores_TE, ids_TK, armed.mask_numpy, tally.counted)
 
     def replay_mask(self, router: nn.Module) -> torch.Tensor | None:
         """The replay mask in effect for ``router``'s current call (rows marked False route

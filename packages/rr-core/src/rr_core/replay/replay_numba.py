@@ -25,9 +25,6 @@ import torch
 from rr_core import kernels
 
 _KERNEL: list[Callable[..., None]] = []
-#: "every row replays" (no mask) / "row t replays armed row t" (no row index)
-NO_MASK = np.zeros(0, dtype=np.bool_)
-NO_ROWS = np.zeros(0, dtype=np.int64)
 #: The id dtypes the pass reads (numpy views of the armed tensor).
 ID_DTYPES = frozenset({torch.uint8, torch.int16, torch.int32, torch.int64})
 
@@ -93,8 +90,8 @@ def replay_ids_cpu(
         scores_TE,
         routes_RLK,
         slot,
-        NO_ROWS if rows_T is None else rows_T,
-        NO_MASK if mask_T is None else mask_T,
+        kernels.EMPTY_INT64 if rows_T is None else rows_T,  # row t replays armed row t
+        kernels.EMPTY_BOOL if mask_T is None else mask_T,  # every row replays
         ids_TK,
     )
     return ids_TK

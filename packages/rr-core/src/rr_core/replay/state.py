@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -32,57 +33,53 @@ class Armed:
     slot_of_router: tuple[int, ...]  # walk index -> slot on the routes' layer axis
     mask_T: torch.Tensor | None
     consumed: list[bool]
-    native_rows_N: torch.Tensor | None = None  # rows outside the mask (found once)
     rows_T: torch.Tensor | None = None  # router row t replays source row rows_T[t]
-    replayed_rows: int = 0  # how many rows replay (counted once, at arming)
     validated: bool = False  # ids checked at arming (in range, distinct per replayed row)
     rows: int = 0  # the rows each router call sees (T)
-    _mask_numpy: np.ndarray | None = field(default=None, repr=False)
-    #: False until read (None where the compiled pass cannot read the ids)
-    _host_ids: tuple[np.ndarray, np.ndarray | None] | bool | None = field(default=False, repr=False)
+    replayed_rows: int = field(init=False)  # how many rows replay (counted once, at arming)
 
-    def count_replayed_rows(self) -> None:
-        """Count the rows the mask replays, at arming. Off the CPU the rows outside it are found
-        here too: each router call on an accelerator would otherwise sync with the host to find
-        them. On the CPU the mask is read once as a numpy array (a count and a view, where
-        torch's nonzero and numel cost more), and the torch path finds the rows on first use."""
-        mask_T = self.mask_T
-        assert mask_T is not None
-        if mask_T.device.type == "cpu":
-            self._mask_numpy = mask_T.numpy()
-            self.replayed_rows = int(np.count_nonzero(self._mask_numpy))
-            return
-        native_N = self.native_rows()
-        assert native_N is not None
-        self.replayed_rows = self.rows - native_N.numel()
+    def __post_init__(self) -> None:
+        if self.mask_T is None:
+            self.replayed_rows = self.rows
+        elif self.mask_T.device.type == "cpu":
+            # a count of the host view (torch's nonzero and numel cost more); the torch path
+            # finds the native rows on first use
+            mask_np = self.mask_numpy
+            assert mask_np is not None
+            self.replayed_rows = int(np.count_nonzero(mask_np))
+        else:
+            # the native rows found here, once: each router call on an accelerator would
+            # otherwise sync with the host to find them
+            native_N = self.native_rows
+            assert native_N is not None
+            self.replayed_rows = self.rows - native_N.numel()
 
+    @cached_property
     def native_rows(self) -> torch.Tensor | None:
         """The rows outside the replay mask (None without one), found once."""
-        if self.mask_T is not None and self.native_rows_N is None:
-            self.native_rows_N = (~self.mask_T).nonzero().flatten()
-        return self.native_rows_N
+        return None if self.mask_T is None else (~self.mask_T).nonzero().flatten()
 
+    @cached_property
     def mask_numpy(self) -> np.ndarray | None:
-        """The replay mask as a numpy array on the host (made once: the compiled agreement pass
-        reads it on every router call of the micro-batch)."""
-        if self.mask_T is not None and self._mask_numpy is None:
-            self._mask_numpy = self.mask_T.cpu().numpy()
-        return self._mask_numpy
+        """The replay mask as a numpy array on the host (made once: the compiled passes read it
+        on every router call of the micro-batch)."""
+        return None if self.mask_T is None else self.mask_T.cpu().numpy()
 
+    @cached_property
     def host_ids(self) -> tuple[np.ndarray, np.ndarray | None] | None:
         """The armed ids ``[R, L, K]`` and the row index as numpy arrays, for the compiled replay
         pass (:mod:`rr_core.replay.replay_numba`), or None where it cannot read them: ids not
-        checked at arming, off the CPU, or of a dtype it does not take. Made once."""
-        if self._host_ids is False:
-            routes = self.routes_TLK
-            readable = (
-                self.validated
-                and routes.device.type == "cpu"
-                and routes.dtype in replay_numba.ID_DTYPES
-            )
-            rows = None if self.rows_T is None else self.rows_T.numpy()
-            self._host_ids = (routes.numpy(), rows) if readable else None
-        return self._host_ids  # type: ignore[return-value]
+        checked at arming, off the CPU, or of a dtype it does not take. Made on first use
+        (``arm_batch`` sets ``validated`` after arming)."""
+        routes = self.routes_TLK
+        readable = (
+            self.validated
+            and routes.device.type == "cpu"
+            and routes.dtype in replay_numba.ID_DTYPES
+        )
+        if not readable:
+            return None
+        return routes.numpy(), None if self.rows_T is None else self.rows_T.numpy()
 
     def target_TK(self, index: int) -> torch.Tensor:
         """The ``[T, K]`` ids router ``index`` (walk order) replays, in its token order."""

@@ -88,11 +88,7 @@ def _all_good_on_host(
     return not idcheck_numba.any_bad(
         words_RL,
         num_experts,
-        _NONE if every_slot else np.asarray(slots, dtype=np.int64),
-        _NONE if rows_T is None else rows_T.numpy(),
-        _NO_MASK if replay_mask_T is None else replay_mask_T.numpy(),
+        kernels.EMPTY_INT64 if every_slot else np.asarray(slots, dtype=np.int64),
+        kernels.EMPTY_INT64 if rows_T is None else rows_T.numpy(),
+        kernels.EMPTY_BOOL if replay_mask_T is None else replay_mask_T.numpy(),
     )
-
-
-_NONE = np.zeros(0, dtype=np.int64)  # every slot / no row index
-_NO_MASK = np.zeros(0, dtype=np.bool_)
