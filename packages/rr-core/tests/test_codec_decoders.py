@@ -128,14 +128,34 @@ def test_top8_sets_decode_alike_under_every_kernel(
         assert torch.equal(got, want), kernel
 
 
+def every_row_valid(rows: int) -> torch.Tensor:
+    """A validity bitmap (row i: bit i % 8 of byte i // 8) with every row set."""
+    return torch.from_numpy(np.packbits(np.ones(rows, dtype=bool), bitorder="little"))
+
+
+def threshold_sets(E: int) -> set[tuple[int, ...]]:
+    """For every position k and id c: sets whose rank left at position k (after the ids above
+    it) is exactly ``C(c, k)`` (ids below c the least) or one less (position k holds c - 1, the
+    ids below it the largest), with the ids above the least or the largest there are. Each
+    position's step must find c, or c - 1, right at its threshold."""
+    out = set()
+    for k in range(1, 9):
+        for c in range(k, E - (8 - k)):
+            for above in (range(c + 1, c + 9 - k), range(E - (8 - k), E)):
+                out.add((*range(k - 1), c, *above))
+                out.add((*range(c - k, c), *above))
+    return out
+
+
 @pytest.mark.parametrize("num_experts", [9, 128, 185, 186, 256])
 def test_the_extreme_sets_decode(num_experts: int) -> None:
-    """The first set, the last set and the ones around every position's largest id."""
+    """The first set, the last set, the ones around every position's largest id, and the ones at
+    and just below every position's every threshold."""
     E = num_experts
     extremes = {tuple(range(8)), tuple(range(E - 8, E))}
     extremes |= {(*range(7), c) for c in (7, (E + 6) // 2, E - 1)}  # the least ids below
     extremes |= {(c, *range(E - 7, E)) for c in (0, (E - 8) // 2, E - 8)}  # the largest above
-    extremes = sorted(extremes)
+    extremes = sorted(extremes | threshold_sets(E))
     ids = np.sort(np.array(extremes, dtype=np.int64), axis=1)
     payload = set_payload(ids, E)
     meta = RouteMeta(num_experts=E, top_k=8, layer_axis="moe_layers", layer_numbers=(1,))
@@ -144,7 +164,7 @@ def test_the_extreme_sets_decode(num_experts: int) -> None:
         meta=meta,
         num_rows=len(ids),
         offsets_B1=torch.tensor([0, len(ids)]),
-        valid_bits=torch.tensor([255 >> (8 - len(ids))], dtype=torch.uint8),
+        valid_bits=every_row_valid(len(ids)),
         payload=payload,
     )
     for kernel in FAMILIES:
@@ -228,6 +248,38 @@ def test_decode_into_a_padded_layout_equals_decode_routes(
         out = torch.full((X, 4, K), -1, dtype=dtype)
         with kernels.use_kernel(kernel):
             assert decode_routes_into(encoded, out, rows_V) is out
+        assert torch.equal(out, want), kernel
+
+
+@pytest.mark.parametrize("order", ["increasing", "shuffled"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_into_runs_of_rows(
+    order: str, threads: int, torch_threads: Callable[[int], None]
+) -> None:
+    """Samples of hundreds of rows, the last row of each without a route, into a padded layout:
+    the compiled decoder writes whole runs of rows in place and scatters the pairs where a run
+    ends; rows in any order land where they are told."""
+    torch_threads(threads)
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(40, 400, 24)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    valid = np.ones(starts[-1], dtype=bool)
+    valid[starts[1:] - 1] = False
+    batch = set_batch(rng, 128, 8, int(starts[-1]), layers=4)
+    batch = RouteBatch(batch.values_NLK, batch.offsets_B1, torch.from_numpy(valid), batch.meta)
+    encoded = encode_routes(batch, "set")
+    width = int(lengths.max()) + 5  # padded rows a sample
+    rows_V = np.concatenate([b * width + 2 + np.arange(n - 1) for b, n in enumerate(lengths)])
+    if order == "shuffled":
+        rows_V = rng.permutation(rows_V)
+    X = width * lengths.size
+    want = torch.full((X, 4, 8), -1, dtype=torch.int16)
+    sorted_NLK = batch.values_NLK.sort(dim=-1).values  # set decodes each row's ids sorted
+    want[torch.from_numpy(rows_V)] = sorted_NLK[torch.from_numpy(valid)].to(torch.int16)
+    for kernel in FAMILIES:
+        out = torch.full((X, 4, 8), -1, dtype=torch.int16)
+        with kernels.use_kernel(kernel):
+            decode_routes_into(encoded, out, torch.from_numpy(rows_V))
         assert torch.equal(out, want), kernel
 
 

@@ -8,13 +8,16 @@ the caller's output, G groups of 8 packed ids.
 Both read the stream as aligned 64-bit words (:func:`rr_core.codecs.stream_words.stream_words`)
 and split their rows across threads (:func:`rr_core.threads.over_ranges`, the GIL released).
 
-- ``set``: blocks of ranks, each unranked greedily from ``c_8`` down with the bucket tables of
-  :mod:`rr_core.codecs.sets` (per position a float32 bucket, one compare, one gather; the last
-  two ids from one table), one position of the whole block at a time so that the
-  block's rows are independent work for the CPU. The ids go straight into the caller's
-  ``[X, L, K]`` output of any integer dtype: pair ``v * M + m`` lands on row ``rows[v]`` (row
-  ``v`` when ``rows`` is empty), slot ``slots[m]``. Indices are unsigned: numba then skips
-  its negative-index wrap-around, a third of the work. A rank ``>= C(E, 8)`` fails the call.
+- ``set``: blocks of ranks, each unranked greedily from ``c_8`` down to ``c_3`` (per
+  position an integer bucket of the rank from its leading-zero count, one compare with the
+  bucket's threshold, one table entry; the tables of all six positions take ~36 KiB for
+  E = 128, so they stay in the caches), the last two ids from one table; one position of the
+  whole block at a time so that the block's rows are independent work for the CPU. The ids go
+  straight into the caller's ``[X, L, K]`` output of any integer dtype: pair ``v * M + m``
+  lands on row ``rows[v]`` (row ``v`` when ``rows`` is empty), slot ``slots[m]``; where that
+  is pair p at ``8 p`` (no row index, every slot in order) a kernel without the per-pair
+  destinations runs. Indices are unsigned: numba then skips its negative-index wrap-around.
+  A rank ``>= C(E, 8)`` fails the call.
 - ``packed`` (width ``w < 8``): 8 groups fill ``w`` aligned words; each group's ``w`` bytes
   become its 8 ids as one word by :mod:`rr_core.codecs.bitpack_bytes`' masks and multiplies.
   One kernel per width, its shifts and masks compile-time constants (twice as fast as reading
@@ -23,14 +26,16 @@ and split their rows across threads (:func:`rr_core.threads.over_ranges`, the GI
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from functools import lru_cache
+from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import torch
 
-from rr_core.codecs.sets import _greedy_cpu
 from rr_core.codecs.sets_fast import TOP_K
 from rr_core.codecs.stream_words import stream_words
 from rr_core.kernels import EMPTY_INT64, compile_kernel
@@ -40,44 +45,53 @@ _UNRANK: list[Callable[..., bool]] = []
 _BYTES: dict[int, Callable[..., None]] = {}
 _UNIT = 1024  # rows per unit of a thread's range
 _BLOCK = 256  # ranks unranked together (their state stays in L1)
+_leading_zeros: Any = None  # numba's count of leading zero bits, set when a kernel is built
+_NEVER = 1 << 54  # a threshold no rank reaches (C(256, 8) < 2**49); shifted by 8 it fits int64
+
+
+def _bucket_of(rank: int, bits: int) -> int:
+    """A monotone bucket of a rank (0 shares 1's): its leading one's place, then the ``bits``
+    bits after that one (the kernel computes it with a leading-zero count, which vectorises)."""
+    x = max(rank, 1)
+    top = x.bit_length() - 1
+    return top << bits | ((x << (63 - top)) >> (63 - bits)) & ((1 << bits) - 1)
 
 
 def _build_unrank() -> Callable[..., bool]:
     U = np.uint64
     B = _BLOCK
+    global _leading_zeros  # a global of the kernel, not a closure cell: numba caches it then
+    _leading_zeros = importlib.import_module("numba.cpython.unsafe.numbers").leading_zeros
 
     def unrank_range(  # type: ignore[no-untyped-def]
-        words, tail, width, start, stop, total, shifts, bases, table, last, rows, slots, L, out
-    ):
-        nw = U(words.size)
+        words, tail, width, start, stop, total, bits_S, bases_S, table, comb_SC, last, rows,
+        slots, L, runs, out
+    ):  # fmt: skip
+        nw = words.size
         width_mask = U((1 << width) - 1)
+        # pairs whose field and the word after it lie in ``words``: read without a bound test
+        inside = max(start, min(stop, (64 * (nw - 1)) // width))
         r = np.empty(B, dtype=np.int64)
-        bucket = np.empty(B, dtype=np.float32)
-        bucket_bits = bucket.view(np.uint32)
-        dst = np.empty(B, dtype=np.uint64)  # the first element of each pair's ids in ``out``
-        at = np.empty(B, dtype=np.uint64)  # each rank's bucket in this step's table
-        M, S = slots.size, shifts.size
+        at = np.empty(B, dtype=np.uint64)  # each rank's bucket entry in this step's table
+        spill = np.empty_like(out[: B * TOP_K])  # a block's ids bound for scattered places
+        M = slots.size
         identity = rows.size == 0
-        v = start // M
-        j = start - v * M
         ok = True
         for a in range(start, stop, B):
             n = min(B, stop - a)
-            for i in range(n):
-                bit = U(a + i) * U(width)
+            bit = U(a) * U(width)
+            for i in range(min(n, max(0, inside - a))):
                 w, s = bit >> U(6), bit & U(63)
-                if w + U(1) < nw:
-                    lo, hi = words[w], words[w + U(1)]
-                else:
-                    lo = words[w] if w < nw else tail[w - nw]
-                    hi = tail[w + U(1) - nw]
+                r[i] = np.int64(
+                    ((words[w] >> s) | ((words[w + U(1)] << U(1)) << (U(63) - s))) & width_mask
+                )
+                bit += U(width)
+            for i in range(min(n, max(0, inside - a)), n):
+                w, s = bit >> U(6), bit & U(63)
+                lo = words[w] if w < U(nw) else tail[w - U(nw)]
+                hi = words[w + U(1)] if w + U(1) < U(nw) else tail[w + U(1) - U(nw)]
                 r[i] = np.int64(((lo >> s) | ((hi << U(1)) << (U(63) - s))) & width_mask)
-                row = v if identity else rows[v]
-                dst[i] = (U(row) * U(L) + U(slots[j])) * U(TOP_K)
-                j += 1
-                if j == M:
-                    j = 0
-                    v += 1
+                bit += U(width)
             bad = False
             for i in range(n):
                 bad |= r[i] >= total
@@ -86,51 +100,92 @@ def _build_unrank() -> Callable[..., bool]:
                 for i in range(n):
                     if r[i] >= total:
                         r[i] = 0
-            for step in range(S):
-                shift, base, col = U(shifts[step]), U(bases[step]), U(TOP_K - 1 - step)
-                for i in range(n):  # these two loops vectorise, the gathers below do not
-                    bucket[i] = r[i]
-                for i in range(n):
-                    at[i] = base + U(3) * (U(bucket_bits[i]) >> shift)  # (thr, below, at/above)
+            # the block's ids land in ``out`` itself, pair p at 8 p + shift, where its pairs
+            # fill one run of whole rows in order (``runs``: every slot in order, rows
+            # increasing); elsewhere in ``spill`` first, then at each pair's row and slot
+            v, j = a // M, a % M
+            last_v = (a + n - 1) // M
+            straight = runs and (identity or rows[last_v] - rows[v] == last_v - v)
+            target = out if straight else spill
+            first = U(a) * U(TOP_K) if straight else U(0)
+            if straight and not identity:
+                first += U((rows[v] - v) * L * TOP_K)
+            for step in range(bits_S.size):
+                bits, base, col = bits_S[step], U(bases_S[step]), U(TOP_K - 1 - step)
+                comb_C = comb_SC[step]
+                for i in range(n):  # _bucket_of(r[i], bits); vectorises, the gathers do not
+                    x = U(r[i]) | U(1)
+                    lz = _leading_zeros(x)
+                    after = ((x << lz) >> U(63 - bits)) & U((1 << bits) - 1)
+                    at[i] = base + (((U(63) - lz) << U(bits)) | after)
                 for i in range(n):
                     ri = r[i]
-                    e = table[at[i] + U(1) + U(ri >= table[at[i]])]
-                    out[dst[i] + col] = e & 0xFF
-                    r[i] = ri - (e >> 8)
+                    e = table[at[i]]  # threshold << 8 | the c below it
+                    c = (e & U(0xFF)) + U(ri >= np.int64(e >> U(8)))
+                    target[first + U(i) * U(TOP_K) + col] = c
+                    r[i] = ri - comb_C[c]
             for i in range(n):
-                e = last[U(r[i])]
-                out[dst[i]] = e & 0xFF
-                out[dst[i] + U(1)] = (e >> 8) & 0xFF
+                e = last[r[i]]
+                o = first + U(i) * U(TOP_K)
+                target[o] = e & 0xFF
+                target[o + U(1)] = e >> 8
+            if not straight:
+                for i in range(n):
+                    row = v if identity else rows[v]
+                    o = (U(row) * U(L) + U(slots[j])) * U(TOP_K)
+                    for q in range(TOP_K):
+                        out[o + U(q)] = spill[U(i) * U(TOP_K) + U(q)]
+                    j += 1
+                    if j == M:
+                        j = 0
+                        v += 1
         return ok
 
     return compile_kernel(unrank_range)  # type: ignore[no-any-return]
 
 
 @lru_cache(maxsize=16)
-def _set_tables(num_experts: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(C(E, 8), shifts [S], bases [S], table, last)``: the greedy steps of positions 8 .. 3
-    (:func:`rr_core.codecs.sets_fast._greedy_cpu`) in one flat int64 table, bucket b of step s
-    at ``bases[s] + 3 b`` as ``(threshold, entry below it, entry at or above it)``, each entry
-    ``C(c, k) << 8 | c``; ``last`` holds ``c_1 | c_2 << 8`` at index ``C(c_2, 2) + c_1``. The
-    last two ids come from a 32 KiB table rather than the last three from sets_fast's 1.4 MiB
-    one: with a batch streaming through the caches, the extra step costs less than the misses."""
+def _set_tables(
+    num_experts: int,
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(C(E, 8), bits [S], bases [S], table, comb [S, E + 1], last)`` for positions k = 8 .. 3.
+    Step s finds the largest ``c`` with ``C(c, k) <= rank`` in one compare: with ``bits`` fine
+    enough that no two thresholds share a :func:`_bucket_of`, a rank's ``c`` is the one below its
+    bucket or, at or above the threshold inside it, the next. Bucket b of step s is
+    ``table[bases[s] + b]``, ``threshold << 8 | c below`` (the threshold :data:`_NEVER` in a
+    bucket without one); ``comb[s, c]`` is ``C(c, k)``. ``last`` holds ``c_1 | c_2 << 8`` at
+    index ``C(c_2, 2) + c_1``. About 36 KiB of tables for E = 128: they stay in the caches
+    while a batch streams through."""
     E = num_experts
-    steps = []
+    bits_S, bases_S, parts, comb = [], [], [], []
+    size = 0
     for k in range(TOP_K, 2, -1):
-        bits, thr_T, sub_J, val_J = _greedy_cpu(E, k)
-        entry_J = (sub_J << 8) | val_J  # [2 * buckets]: 2 * bucket + (rank >= thr)
-        steps.append((23 - bits, thr_T.numpy(), entry_J.numpy()))
-    size = max(thr.size for _, thr, _ in steps)
-    table = np.zeros((len(steps), size, 3), dtype=np.int64)
-    for s, (_, thr, entry) in enumerate(steps):
-        table[s, : thr.size, 0] = thr
-        table[s, : thr.size, 1] = entry[0::2]
-        table[s, : thr.size, 2] = entry[1::2]
-    shifts = np.array([s for s, _, _ in steps], dtype=np.int64)
-    bases = np.arange(len(steps), dtype=np.int64) * size * 3
-    c2 = np.array([b for b in range(E) for _ in range(b)], dtype=np.int32)
-    c1 = np.array([a for b in range(E) for a in range(b)], dtype=np.int32)
-    return math.comb(E, TOP_K), shifts, bases, table.reshape(-1), c1 | c2 << 8
+        thresholds = [math.comb(c, k) for c in range(k, E + 1)]  # C(E, k): no rank reaches it
+        bits = next(
+            b for b in range(24)
+            if all(_bucket_of(x, b) < _bucket_of(y, b) for x, y in pairwise(thresholds))
+        )  # fmt: skip
+        buckets = [_bucket_of(x, bits) for x in thresholds]
+        count = np.searchsorted(buckets, np.arange(buckets[-1] + 1))  # thresholds below each
+        inside = np.array(buckets)[np.minimum(count, len(buckets) - 1)] == np.arange(count.size)
+        threshold = np.where(
+            inside, np.array(thresholds)[np.minimum(count, len(buckets) - 1)], _NEVER
+        )
+        parts.append(threshold.astype(np.int64) << 8 | (k - 1 + count))
+        bits_S.append(bits)
+        bases_S.append(size)
+        size += count.size
+        comb.append([math.comb(c, k) for c in range(E + 1)])
+    c2 = np.array([b for b in range(E) for _ in range(b)], dtype=np.uint16)
+    c1 = np.array([a for b in range(E) for a in range(b)], dtype=np.uint16)
+    return (
+        math.comb(E, TOP_K),
+        np.array(bits_S, dtype=np.int64),
+        np.array(bases_S, dtype=np.int64),
+        np.concatenate(parts).astype(np.uint64),
+        np.array(comb, dtype=np.int64),
+        c1 | c2 << 8,
+    )
 
 
 def unrank_into(
@@ -151,16 +206,18 @@ def unrank_into(
     if not _UNRANK:
         _UNRANK.append(_build_unrank())
     words, tail = stream_words(stream_P)
-    total, shifts, bases, table, last = _set_tables(num_experts)
+    tables = _set_tables(num_experts)
     L = out_XLK.shape[1]
     out = out_XLK.numpy().reshape(-1)
     rows = EMPTY_INT64 if rows_V is None else rows_V.numpy()
     slots = slots_M.numpy()
+    # every slot in order and rows increasing: runs of consecutive rows are one stretch of out
+    runs = slots.size == L and bool((slots == np.arange(L)).all())
+    runs = runs and bool(rows.size < 2 or (rows[1:] > rows[:-1]).all())
     kernel = _UNRANK[0]
 
     def run(a: int, b: int) -> bool:
-        args = (total, shifts, bases, table, last, rows, slots, L, out)
-        return bool(kernel(words, tail, width, a, b, *args))
+        return bool(kernel(words, tail, width, a, b, *tables, rows, slots, L, runs, out))
 
     return all(over_ranges(pairs, _UNIT, run))
 
