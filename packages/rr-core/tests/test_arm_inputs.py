@@ -157,6 +157,7 @@ def test_arm_rejects_routes_of_the_wrong_kind(
         ({"replay_mask_T": torch.ones(3, dtype=torch.uint8)}, "replay mask must be bool"),
         ({"replay_mask_T": torch.ones(4, dtype=torch.bool)}, r"bool \[3\]; got torch.bool \[4\]"),
         ({"validate": "no"}, "validate must be True or False"),
+        ({"validate": False, "ids_validated": 1}, "ids_validated must be True or False; got 1"),
     ],
 )
 def test_arm_rejects_bad_layer_numbers_masks_and_flags(

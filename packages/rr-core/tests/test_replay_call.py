@@ -238,13 +238,24 @@ def test_a_route_batch_arms_as_checked_as_its_ids_were(checked: str) -> None:
     elif checked == "derived":
         batch = concat_batches([batch.to("cpu"), batch])
     assert batch.ids_validated is (checked != "unchecked")
-    controller, router = _controller(4, 2)
-    try:
-        controller.arm_batch(0, batch)
-        controller.route(router, torch.rand(batch.num_tokens, 4), 2)
-        assert replayed_unchecked_ids() is (checked == "unchecked")
-    finally:
-        controller.detach()
+    for arm in ("arm_batch", "arm"):
+        controller, router = _controller(4, 2)
+        try:
+            if arm == "arm_batch":
+                controller.arm_batch(0, batch)
+            else:  # as rr_transformers.arm_routes arms a batch through its row index
+                controller.arm(
+                    0,
+                    batch.values_NLK,
+                    layer_numbers=(1, 2),
+                    replay_mask_T=batch.valid_N,
+                    validate=False,
+                    ids_validated=batch.ids_validated,
+                )
+            controller.route(router, torch.rand(batch.num_tokens, 4), 2)
+            assert replayed_unchecked_ids() is (checked == "unchecked"), arm
+        finally:
+            controller.detach()
 
 
 @pytest.mark.skipif(not kernels.numba_available(), reason="numba is not installed")

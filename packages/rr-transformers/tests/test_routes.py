@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from rr_core import AlignmentError, ReplayController, ReplayMode, RouteBatch, RouteMeta, router_topk
+from rr_core.replay.controller import replayed_unchecked_ids
 from rr_transformers import arm_routes, routes_for_packed, routes_for_padded
 from rr_transformers._routes import rows_for_padded
 
@@ -231,10 +232,13 @@ def _sorted(ids_TK: torch.Tensor) -> torch.Tensor:
     return ids_TK.long().sort(-1).values
 
 
+@pytest.mark.parametrize("checked", [True, False])
 @pytest.mark.parametrize("layout", ["left", "right", "packed"])
-def test_arm_routes_gives_each_router_its_rows_and_native_elsewhere(layout):
+def test_arm_routes_gives_each_router_its_rows_and_native_elsewhere(layout, checked):
     """Routes on an all-layers axis whose first layer is dense: routers of layers 2 and 3 replay
-    their slot on valid rows and route natively on padding, the last token and invalid rows."""
+    their slot on valid rows and route natively on padding, the last token and invalid rows.
+    A batch that checked its ids arms them as checked (the replaying call's compiled path
+    where numba runs), one built unchecked arms them unchecked."""
     rng = np.random.default_rng(5)
     meta = RouteMeta(
         num_experts=E, top_k=2, layer_axis="all_layers", layer_numbers=(1, 2, 3),
@@ -245,7 +249,7 @@ def test_arm_routes_gives_each_router_its_rows_and_native_elsewhere(layout):
     for s in seqs:
         s[:, 0] = 0  # the dense slot
     valid = [np.arange(t - 1) != 1 for t in tokens]  # row 1 of each invalid
-    batch = RouteBatch.from_sequences(seqs, meta, valid=valid)
+    batch = RouteBatch.from_sequences(seqs, meta, valid=valid, validate=checked)
     S = max(tokens) + 1
     if layout == "packed":
         kw = {"position_ids": torch.cat([torch.arange(t) for t in tokens])[None]}
@@ -270,6 +274,7 @@ def test_arm_routes_gives_each_router_its_rows_and_native_elsewhere(layout):
         scores = {layer: torch.randn(n, E, generator=generator) for layer in routers}
         with controller.microbatch("mb"):
             got = {layer: router_topk(r, scores[layer], 2).ids_TK for layer, r in routers.items()}
+        assert replayed_unchecked_ids() is not checked
         report = controller.end_step()
     finally:
         controller.detach()

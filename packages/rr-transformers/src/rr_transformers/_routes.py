@@ -236,5 +236,6 @@ def arm_routes(
         replay_mask_T=replay_N,
         rows_T=rows_N,
         validate=False,  # a RouteBatch is validated when it is built
+        ids_validated=batch.ids_validated,  # on its valid rows, the only ones replay_N marks
     )
     expect_packed(controller, microbatch, routes_NLK, position_ids)

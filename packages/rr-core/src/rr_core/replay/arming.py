@@ -33,6 +33,7 @@ class Arming(ControllerState):
         replay_mask_T: torch.Tensor | None = None,
         rows_T: torch.Tensor | None = None,
         validate: bool = True,
+        ids_validated: bool = False,
     ) -> None:
         """Arm replay targets for one micro-batch, rows in the router's token order.
 
@@ -44,7 +45,9 @@ class Arming(ControllerState):
         at any row), so a padded batch is armed without laying its routes out row by row; each
         router call then gathers its layer's ``[T, K]`` ids. ``validate=False`` skips the id
         checks for routes that were validated upstream; ids outside ``[0, E)`` then raise when
-        a router replays them.
+        a router replays them. ``ids_validated=True`` with it says the replayed rows' ids were
+        checked where they were built (a :class:`RouteBatch`'s ``ids_validated``): the
+        replaying call then takes the compiled path that checked ids allow.
         Inputs of the wrong type, dtype or shape raise :class:`ReplayError` either way.
         """
         self._check_attached("arm")
@@ -73,8 +76,9 @@ class Arming(ControllerState):
             _check_rows(microbatch, rows_T, routes_TLK)
         rows = routes_TLK.shape[0] if rows_T is None else rows_T.shape[0]
         _check_mask(microbatch, replay_mask_T, rows)
-        if not isinstance(validate, bool):
-            raise ReplayError(f"validate must be True or False; got {validate!r}")
+        for name, flag in (("validate", validate), ("ids_validated", ids_validated)):
+            if not isinstance(flag, bool):
+                raise ReplayError(f"{name} must be True or False; got {flag!r}")
         if validate:
             slot_layers = {slot: self._layers[i] for i, slot in enumerate(slot_of_router)}
             check_target_ids(
@@ -92,7 +96,7 @@ class Arming(ControllerState):
             replay_mask_T,
             consumed,
             rows_T=rows_T,
-            validated=validate,
+            validated=validate or ids_validated,
             rows=rows,
         )
 
@@ -136,9 +140,8 @@ class Arming(ControllerState):
             layer_numbers=meta.layer_numbers,
             replay_mask_T=batch.valid_N,
             validate=False,  # checked when the batch was (ids_validated), or by the caller
+            ids_validated=batch.ids_validated,  # on its valid rows: the rows that replay
         )
-        # ids the batch checked (range, repeats) on its valid rows: the rows that replay
-        self._armed[microbatch].validated = batch.ids_validated
         if provenance is not None:
             self._provenance[microbatch] = dict(provenance)
 
