@@ -455,6 +455,7 @@ def test_A3_dense_only_stage_selects_no_slots() -> None:
     ("kwargs", "message"),
     [
         ({"num_layers": 0}, "num_layers must be a positive int"),
+        ({"num_layers": 2**70}, r"num_layers=1180591620717411303424 is above rr's limit of 65536"),
         ({"num_layers": 4, "pp_size": 0}, "pp_size must be a positive int"),
         ({"num_layers": 4, "vp_size": 0}, "vp_size must be a positive int"),
         ({"num_layers": 4, "moe_layer_freq": 0}, "moe_layer_freq must be a positive int"),

@@ -22,6 +22,12 @@ from rr_core.errors import LayoutError
 from rr_core.routes.args import as_index
 
 
+#: The most decoder layers a layout may have: far above any model (the deepest MoE models have
+#: about a hundred), low enough that the per-layer tables a config builds stay small (a typo
+#: like ``num_layers=10**20`` is refused, not a hang while they are built).
+MAX_LAYERS = 1 << 16
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayoutConfig:
     """The Megatron settings that decide the decoder layer layout (MTP layers are not counted).
@@ -48,6 +54,11 @@ class LayoutConfig:
     def __post_init__(self) -> None:
         for name in ("num_layers", "pp_size"):
             _check_positive(name, getattr(self, name))
+        if self.num_layers > MAX_LAYERS:
+            raise LayoutError(
+                f"num_layers={self.num_layers} is above rr's limit of {MAX_LAYERS} decoder layers "
+                "(MTP layers excluded); pass the model's decoder layer count"
+            )
         for name in ("vp_size", "first_stage_layers", "last_stage_layers"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
