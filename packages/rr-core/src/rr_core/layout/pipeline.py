@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from rr_core.errors import LayoutError
 from rr_core.routes.args import as_index
 
-
 #: The most decoder layers a layout may have: far above any model (the deepest MoE models have
 #: about a hundred), low enough that the per-layer tables a config builds stay small (a typo
 #: like ``num_layers=10**20`` is refused, not a hang while they are built).
