@@ -14,9 +14,10 @@ and split their rows across threads (:func:`rr_core.threads.over_ranges`, the GI
   E = 128, so they stay in the caches), the last two ids from one table; one position of the
   whole block at a time so that the block's rows are independent work for the CPU. The ids go
   straight into the caller's ``[X, L, K]`` output of any integer dtype: pair ``v * M + m``
-  lands on row ``rows[v]`` (row ``v`` when ``rows`` is empty), slot ``slots[m]``; where that
-  is pair p at ``8 p`` (no row index, every slot in order) a kernel without the per-pair
-  destinations runs. Indices are unsigned: numba then skips its negative-index wrap-around.
+  lands on row ``rows[v]`` (row ``v`` when ``rows`` is empty), slot ``slots[m]``. A block whose
+  pairs fill one run of whole rows in order is written in place; any other block goes through
+  a block-sized spill buffer, then to each pair's row and slot. Indices are unsigned: numba
+  then skips its negative-index wrap-around.
   A rank ``>= C(E, 8)`` fails the call.
 - ``packed`` (width ``w < 8``): 8 groups fill ``w`` aligned words; each group's ``w`` bytes
   become its 8 ids as one word by :mod:`rr_core.codecs.bitpack_bytes`' masks and multiplies.
@@ -165,13 +166,12 @@ def _set_tables(
             b for b in range(24)
             if all(_bucket_of(x, b) < _bucket_of(y, b) for x, y in pairwise(thresholds))
         )  # fmt: skip
-        buckets = [_bucket_of(x, bits) for x in thresholds]
+        buckets = np.array([_bucket_of(x, bits) for x in thresholds])
         count = np.searchsorted(buckets, np.arange(buckets[-1] + 1))  # thresholds below each
-        inside = np.array(buckets)[np.minimum(count, len(buckets) - 1)] == np.arange(count.size)
-        threshold = np.where(
-            inside, np.array(thresholds)[np.minimum(count, len(buckets) - 1)], _NEVER
-        )
-        parts.append(threshold.astype(np.int64) << 8 | (k - 1 + count))
+        nxt = np.minimum(count, buckets.size - 1)  # the first threshold at or above each
+        inside = buckets[nxt] == np.arange(count.size)
+        threshold = np.where(inside, np.array(thresholds, dtype=np.int64)[nxt], _NEVER)
+        parts.append(threshold << 8 | (k - 1 + count))
         bits_S.append(bits)
         bases_S.append(size)
         size += count.size

@@ -34,7 +34,7 @@ class Armed:
     mask_T: torch.Tensor | None
     consumed: list[bool]
     rows_T: torch.Tensor | None = None  # router row t replays source row rows_T[t]
-    validated: bool = False  # ids checked at arming (in range, distinct per replayed row)
+    validated: bool = False  # ids in range, distinct per replayed row (checked here or upstream)
     rows: int = 0  # the rows each router call sees (T)
     replayed_rows: int = field(init=False)  # how many rows replay (counted once, at arming)
 
@@ -69,8 +69,8 @@ class Armed:
     def host_ids(self) -> tuple[np.ndarray, np.ndarray | None] | None:
         """The armed ids ``[R, L, K]`` and the row index as numpy arrays, for the compiled replay
         pass (:mod:`rr_core.replay.replay_numba`), or None where it cannot read them: ids not
-        checked at arming, off the CPU, or of a dtype it does not take. Made on first use
-        (``arm_batch`` sets ``validated`` after arming)."""
+        checked (at arming or upstream), off the CPU, or of a dtype it does not take. Made on
+        first use: a call that takes the torch path never needs them."""
         routes = self.routes_TLK
         readable = (
             self.validated
