@@ -1,26 +1,33 @@
 """The adapter protocol: how rr plugs into a framework (Megatron, MindSpeed, transformers, verl),
-one shape for all of them.
+as two capabilities an adapter implements separately.
 
-An adapter is an object with five methods, the same argument order and return types in every
-package::
+:class:`Installer` hooks the framework (patches through its registry)::
 
-    adapter.install(force=False) -> tuple[str, ...]   # what is hooked; idempotent
-    adapter.uninstall() -> int                        # how many patches were taken out
-    adapter.is_installed() -> bool
-    adapter.attach(controller, model, **options) -> Attachment
-    adapter.detach(controller) -> None
+    installer.install(force=False) -> tuple[str, ...]   # what is hooked; idempotent
+    installer.uninstall() -> int                        # how many patches were taken out
+    installer.is_installed() -> bool
 
-:class:`Adapter` owns what every adapter needs the same way (the model is
-opentelemetry-python-contrib's instrumentor base, without its singleton): the dependency check
-before anything is patched, idempotency, the one lock (:data:`rr_core.patching.PATCH_LOCK`), the
-argument checks of ``attach`` / ``detach``, and the patch registry (:attr:`Adapter.patches`,
-whose policy toward foreign patches is in :mod:`rr_core.patching`). A subclass writes only
-``_install``, ``_attach`` and, where it has more to undo than its registry, ``_uninstall``.
+:class:`Attacher` hands a model's routers to a controller::
 
-Each package exposes one instance and binds the five methods as its module functions
-(``rr_megatron_compat.install`` is ``rr_megatron_compat.ADAPTER.install``). :func:`adapters`
-lists the instances created in this process; :func:`leaked_patches` is the one leak check the
-test suites use.
+    attacher.attach(controller, model, **options) -> Attachment
+    attacher.detach(controller) -> None
+
+:class:`Adapter` is both, for adapters whose hooks drive the routers ``attach`` finds. An adapter
+implements only what it honours: an install-only side (verl's rollout, TRL's generation) is an
+:class:`Installer` and has no ``attach`` to call by mistake.
+
+What every adapter needs the same way lives here (the model is opentelemetry-python-contrib's
+instrumentor base, without its singleton). :class:`Installer`: the dependency check before
+anything is patched, idempotency, the one lock (:data:`rr_core.patching.PATCH_LOCK`) and the
+patch registry (:attr:`Installer.patches`, whose policy toward foreign patches is in
+:mod:`rr_core.patching`); a subclass writes ``_install`` and, where it has more to undo than its
+registry, ``_uninstall``. :class:`Attacher`: the argument checks of ``attach`` / ``detach``; a
+subclass writes ``_attach`` and optionally ``_detach``.
+
+Each package exposes one instance and binds its methods as module functions
+(``rr_megatron_compat.install`` is ``rr_megatron_compat.ADAPTER.install``; see
+:meth:`Adapter.module_functions`). :func:`adapters` lists the instances created in this
+process; :func:`leaked_patches` is the one leak check the test suites use.
 """
 
 from __future__ import annotations
@@ -40,7 +47,11 @@ from rr_core.replay.controller import ReplayController
 
 __all__ = [
     "Adapter",
+    "Attacher",
+    "AttacherFunctions",
     "Attachment",
+    "Installer",
+    "InstallerFunctions",
     "ModuleFunctions",
     "adapters",
     "check_controller",
@@ -48,7 +59,7 @@ __all__ = [
     "leaked_patches",
 ]
 
-_ADAPTERS: weakref.WeakValueDictionary[str, Adapter] = weakref.WeakValueDictionary()
+_ADAPTERS: weakref.WeakValueDictionary[str, Installer | Attacher] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -83,8 +94,23 @@ def check_model(value: object, where: str) -> Any:
     return value
 
 
+class InstallerFunctions(NamedTuple):
+    """An :class:`Installer`'s methods, bound (a package's ``install``, ...)."""
+
+    install: Callable[..., tuple[str, ...]]
+    uninstall: Callable[[], int]
+    is_installed: Callable[[], bool]
+
+
+class AttacherFunctions(NamedTuple):
+    """An :class:`Attacher`'s methods, bound (a package's ``attach``, ``detach``)."""
+
+    attach: Callable[..., Attachment]
+    detach: Callable[[ReplayController], None]
+
+
 class ModuleFunctions(NamedTuple):
-    """An adapter's protocol methods, bound (a package's ``install``, ``uninstall``, ...)."""
+    """An :class:`Adapter`'s five methods, bound."""
 
     install: Callable[..., tuple[str, ...]]
     uninstall: Callable[[], int]
@@ -93,8 +119,8 @@ class ModuleFunctions(NamedTuple):
     detach: Callable[[ReplayController], None]
 
 
-class Adapter(ABC):
-    """Base of every rr adapter; see the module doc for the protocol."""
+class _Named:
+    """What both capabilities share: a name, a public module, one entry in :func:`adapters`."""
 
     #: Short name, used in messages, in :class:`Attachment` and by :func:`adapters`.
     name: ClassVar[str]
@@ -102,12 +128,23 @@ class Adapter(ABC):
     module: ClassVar[str]
 
     def __init__(self) -> None:
+        _ADAPTERS[self.name] = self  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<rr adapter {self.name!r} ({self.module})>"
+
+
+class Installer(_Named, ABC):
+    """The install capability: hooks in a framework, through :attr:`patches`."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self.patches = Patches()
-        _ADAPTERS[self.name] = self
+        self._requested = False  # install() returned since the last uninstall()
 
     # -- what a subclass writes ------------------------------------------------------------
 
-    def check_dependencies(self, *, force: bool) -> None:  # noqa: B027 (optional hook)
+    def check_dependencies(self, *, force: bool) -> None:
         """Raise an rr error naming what is missing or unsupported, before anything is
         patched; ``force`` allows a version outside the tested range."""
 
@@ -121,15 +158,7 @@ class Adapter(ABC):
     def _is_installed(self) -> bool:
         return self.patches.in_place()
 
-    @abstractmethod
-    def _attach(self, *args: Any, **kwargs: Any) -> Attachment:
-        """``_attach(controller, model, **options)``: check the model's routers against the
-        controller and attach them (options are the adapter's own keywords)."""
-
-    def _detach(self, controller: ReplayController) -> None:
-        controller.detach()
-
-    # -- the protocol ----------------------------------------------------------------------
+    # -- the capability --------------------------------------------------------------------
 
     def install(self, *, force: bool = False) -> tuple[str, ...]:
         """Hook the framework; returns the names hooked. Safe to call again at any time: what
@@ -137,12 +166,15 @@ class Adapter(ABC):
         check_flag(force, f"{self.module}.install(force=...)", ReplayError)
         with PATCH_LOCK:
             self.check_dependencies(force=force)
-            return self._install(force=force)
+            names = self._install(force=force)
+            self._requested = True
+            return names
 
     def uninstall(self) -> int:
         """Take rr's patches out (see :mod:`rr_core.patching` for a patch laid over rr's);
         returns how many. Idempotent."""
         with PATCH_LOCK:
+            self._requested = False
             return self._uninstall()
 
     def is_installed(self) -> bool:
@@ -150,23 +182,16 @@ class Adapter(ABC):
         with PATCH_LOCK:
             return self._is_installed()
 
-    def attach(self, controller: ReplayController, model: Any, **options: Any) -> Attachment:
-        """Give ``controller`` the routers of ``model`` after checking they can be driven."""
-        check_controller(controller, f"{self.module}.attach")
-        check_model(model, f"{self.module}.attach")
-        return self._attach(controller, model, **options)
+    @property
+    def install_requested(self) -> bool:
+        """Whether ``install()`` was called and not undone by ``uninstall()`` since (the hooks
+        may still wait for the framework to be loaded, or have been dropped by a re-patch)."""
+        return self._requested
 
-    def detach(self, controller: ReplayController) -> None:
-        """Release the controller's routers (they route natively again)."""
-        check_controller(controller, f"{self.module}.detach")
-        self._detach(controller)
-
-    def module_functions(self) -> ModuleFunctions:
-        """The five protocol methods, bound, for a package to expose as its module functions:
-        ``install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()``."""
-        return ModuleFunctions(
-            self.install, self.uninstall, self.is_installed, self.attach, self.detach
-        )
+    def module_functions(self) -> InstallerFunctions | ModuleFunctions:
+        """The methods, bound, for a package to expose as its module functions:
+        ``install, uninstall, is_installed = ADAPTER.module_functions()``."""
+        return InstallerFunctions(self.install, self.uninstall, self.is_installed)
 
     def registries(self) -> tuple[Patches, ...]:
         """Every registry this adapter patches through (:attr:`patches`, and any other a
@@ -181,11 +206,50 @@ class Adapter(ABC):
             for owner, attribute in registry.live()
         ]
 
-    def __repr__(self) -> str:
-        return f"<rr adapter {self.name!r} ({self.module})>"
+
+class Attacher(_Named, ABC):
+    """The attach capability: a model's routers handed to a controller and released."""
+
+    @abstractmethod
+    def _attach(self, *args: Any, **kwargs: Any) -> Attachment:
+        """``_attach(controller, model, **options)``: check the model's routers against the
+        controller and attach them (options are the adapter's own keywords)."""
+
+    def _detach(self, controller: ReplayController) -> None:
+        controller.detach()
+
+    def _before_attach(self) -> None:
+        """What must hold before any router is touched (the checks of the arguments passed)."""
+
+    def attach(self, controller: ReplayController, model: Any, **options: Any) -> Attachment:
+        """Give ``controller`` the routers of ``model`` after checking they can be driven."""
+        check_controller(controller, f"{self.module}.attach")
+        check_model(model, f"{self.module}.attach")
+        self._before_attach()
+        return self._attach(controller, model, **options)
+
+    def detach(self, controller: ReplayController) -> None:
+        """Release the controller's routers (they route natively again)."""
+        check_controller(controller, f"{self.module}.detach")
+        self._detach(controller)
+
+    def module_functions(self) -> AttacherFunctions | ModuleFunctions:
+        """The methods, bound: ``attach, detach = ADAPTER.module_functions()``."""
+        return AttacherFunctions(self.attach, self.detach)
 
 
-def adapters() -> dict[str, Adapter]:
+class Adapter(Installer, Attacher):
+    """Both capabilities: hooks installed, then routers attached."""
+
+    def module_functions(self) -> ModuleFunctions:
+        """The five methods, bound:
+        ``install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()``."""
+        return ModuleFunctions(
+            self.install, self.uninstall, self.is_installed, self.attach, self.detach
+        )
+
+
+def adapters() -> dict[str, Installer | Attacher]:
     """The adapters created in this process (their packages imported), by name."""
     return dict(_ADAPTERS)
 
@@ -193,7 +257,11 @@ def adapters() -> dict[str, Adapter]:
 def leaked_patches() -> dict[str, list[str]]:
     """The patches each adapter still acts through, for adapters with any (a test that leaves
     one behind changes what later tests in the same process observe)."""
-    found = {name: adapter.live_patches() for name, adapter in adapters().items()}
+    found = {
+        name: adapter.live_patches()
+        for name, adapter in adapters().items()
+        if isinstance(adapter, Installer)
+    }
     return {name: live for name, live in found.items() if live}
 
 
