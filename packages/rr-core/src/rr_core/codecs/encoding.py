@@ -43,6 +43,7 @@ from rr_core.codecs.bitpack import (
 from rr_core.codecs.bitpack_bytes import pack_byte_ids, unpack_byte_ids
 from rr_core.codecs.bitpack_words import WordPacker, WordUnpacker, covers, pack_words, unpack_words
 from rr_core.codecs.decode_numba import unrank_into
+from rr_core.codecs.payload import payload_as_bytes
 from rr_core.codecs.rows import (
     count_valid,
     pack_valid_cpu,
@@ -266,7 +267,8 @@ def decode_routes(
     ids of each (token, layer) come back sorted."""
     _check_arg(encoded, EncodedRoutes, "encoded")
     meta, name = encoded.meta, check_codec(encoded.codec)
-    dev = encoded.payload.device if device is None else torch.device(device)
+    home = getattr(encoded.payload, "device", "cpu")  # not a tensor: refused with its size
+    dev = torch.device(home if device is None else device)
     valid_N, payload = _valid_and_payload(encoded, dev)
     V, M, K = count_valid(valid_N), len(meta.moe_slots), meta.top_k
     N, L = encoded.num_rows, len(meta.layer_numbers)
@@ -351,8 +353,8 @@ def _valid_and_payload(
     meta, name = encoded.meta, check_codec(encoded.codec)
     valid_N = unpack_valid(encoded.valid_bits.to(dev), encoded.num_rows)
     V, M = count_valid(valid_N), len(meta.moe_slots)
-    payload = encoded.payload.to(dev)
     expected = payload_bytes(meta, name, V)
+    payload = payload_as_bytes(encoded.payload, expected, name).to(dev)
     if payload.numel() != expected:
         raise CodecError(
             f"a {name!r} payload of {V} valid rows x {M} MoE layers has {expected} bytes, not "
