@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rr_core.checks import check_choice, check_flag, check_instance
+from rr_vllm.engine_sources import Disaggregation, config_source, kv_side, nested_source
 from rr_vllm.errors import CaptureError
 
 Engine = Literal["vllm", "sglang"]
-Disaggregation = Literal["none", "prefill", "decode"]
 _MISSING = object()
 
 #: SGLang's EAGLE-family algorithms: a draft tree of ``speculative_eagle_topk`` branches.
@@ -69,7 +69,9 @@ class EngineConfig:
     ``speculative``: the algorithm (None: off), with ``speculative_topk`` (SGLang's
     ``speculative_eagle_topk``) and ``speculative_tokens``. ``disaggregation``: ``"decode"`` for
     the decode replica of a prefill/decode split, whose prompt rows are refused unless
-    ``prompt_rows_merged`` says a router already replaced them with the prefill replica's (D8).
+    ``prompt_rows_merged`` says a router already replaced them with the prefill replica's (D8);
+    ``"both"`` for a replica that serves either side (vLLM's ``kv_both``), whose prompt rows are
+    refused likewise unless the answer itself says the prefill replica ran the prompt.
     ``routing_precision``: the model dtype the router's logits are computed in, as configured.
     """
 
@@ -87,7 +89,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_choice(self.engine, "EngineConfig.engine", ("vllm", "sglang"), CaptureError)
-        choices = ("none", "prefill", "decode")
+        choices = ("none", "prefill", "decode", "both")
         check_choice(self.disaggregation, "EngineConfig.disaggregation", choices, CaptureError)
         for name in ("version", "speculative", "routing_precision"):
             _typed(getattr(self, name), str, f"EngineConfig.{name}")
@@ -134,7 +136,9 @@ def sglang_engine_config(
     (``speculative_algorithm``, ``speculative_eagle_topk``, ``enable_hierarchical_cache``,
     ``chunked_prefill_size``, ``disable_radix_cache``, ``disaggregation_mode``, ``dtype``).
     The release is the body's ``version`` unless ``sglang_version`` is given. Checked by
-    :func:`check_engine_config`."""
+    :func:`check_engine_config`. JSON text is parsed; a source of another type (None, bytes,
+    a list, a number) raises :class:`CaptureError`."""
+    source = config_source(source, "sglang_engine_config's source")
     mode = _setting(source, "disaggregation_mode")
     radix_off = _setting(source, "disable_radix_cache")
     algorithm = _setting(source, "speculative_algorithm")
@@ -156,7 +160,7 @@ def sglang_engine_config(
 
 
 def _speculative(source: Any) -> tuple[str | None, int | None]:
-    spec = _setting(source, "speculative_config")
+    spec = nested_source(_setting(source, "speculative_config"), "speculative_config")
     if spec is None:
         return None, None
     method = _setting(spec, "method")
@@ -172,18 +176,17 @@ def vllm_engine_config(
     """The configuration of a vLLM engine: its ``EngineArgs`` / ``AsyncEngineArgs``, a
     ``VllmConfig``, or a mapping of engine arguments (``speculative_config``,
     ``enable_prefix_caching``, ``kv_transfer_config`` whose ``kv_role`` ``"kv_consumer"`` is
-    the decode replica of a split deployment, ``dtype``). The release defaults to the
+    the decode replica of a split deployment and ``"kv_both"`` a replica of either side,
+    ``dtype``); nested settings may be the CLI's JSON text. The release defaults to the
     installed one where vllm is installed. Checked by :func:`check_engine_config`."""
+    source = config_source(source, "vllm_engine_config's source")
     if vllm_version is None:
         from rr_vllm.vllm.versions import installed_vllm_version
 
         vllm_version = installed_vllm_version()
     method, tokens = _speculative(source)
-    kv = _setting(source, "kv_transfer_config")
-    role = None if kv is None else _setting(kv, "kv_role")
-    split: Disaggregation = {"kv_consumer": "decode", "kv_producer": "prefill"}.get(
-        str(role), "none"
-    )  # type: ignore[assignment]
+    kv = nested_source(_setting(source, "kv_transfer_config"), "kv_transfer_config")
+    split = "none" if kv is None else kv_side(_setting(kv, "kv_connector"), _setting(kv, "kv_role"))
     dtype = _setting(source, "dtype")
     config = EngineConfig(
         engine="vllm",
@@ -244,14 +247,25 @@ def check_engine_config(config: EngineConfig) -> None:
         )
 
 
-def check_split_rows(config: EngineConfig | None, what: str, prompt_start: int, p: int) -> None:
-    """D8: rows of a decode replica's prompt tokens hold whatever its buffer held."""
-    if config is None or config.disaggregation != "decode" or config.prompt_rows_merged:
+def check_split_rows(
+    config: EngineConfig | None, what: str, prompt_start: int, p: int, *, prefill: bool = False
+) -> None:
+    """D8: rows of a decode replica's prompt tokens hold whatever its buffer held. ``prefill``:
+    the answer says the prefill replica ran the prompt (:func:`answered_by_prefill`)."""
+    if config is None or config.prompt_rows_merged or prompt_start >= p:
         return
-    if prompt_start < p:
+    side = config.disaggregation
+    if side == "decode" or (side == "both" and not prefill):
+        replica = (
+            "the decode replica"
+            if side == "decode"
+            else "a replica that serves either side (kv_role kv_both) whose answer does not "
+            "say it ran the prompt (no kv_transfer_params.do_remote_prefill), so the decode "
+            "replica"
+        )
         raise CaptureError(
-            f"{what}: rows {prompt_start}..{p - 1} are the prompt's, returned by the decode "
-            f"replica of a prefill/decode split ({config.engine}), which never ran the prompt: "
+            f"{what}: rows {prompt_start}..{p - 1} are the prompt's, returned by {replica} of "
+            f"a prefill/decode split ({config.engine}), which never ran the prompt: "
             "they hold whatever its buffer held. Request rows from the prompt length on "
             "(routed_experts_prompt_start / routed_experts_start_len = P) and join them with "
             "the prefill replica's rows (rr_vllm.merge_split_routes), or pass "

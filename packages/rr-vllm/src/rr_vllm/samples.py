@@ -82,13 +82,15 @@ def check_samples(
 class Sample(NamedTuple):
     """One sample as its answer states it: its name in errors, P prompt and T tokens, the token
     its rows start at, and how it ended. Every decoder builds one per sample and hands it, with
-    the :class:`~rr_vllm.DecodeOptions`, to :func:`decode_rows` or :func:`place_rows`."""
+    the :class:`~rr_vllm.DecodeOptions`, to :func:`decode_rows` or :func:`place_rows`.
+    ``prefill``: the answer says a prefill replica of a split ran the prompt (D8)."""
 
     what: str
     num_prompt_tokens: int
     num_tokens: int
     prompt_start: int
     finish_reason: str | None
+    prefill: bool = False
 
     @property
     def aborted(self) -> bool:
@@ -171,7 +173,8 @@ def place_rows(
             )
     n = sum(b.shape[0] for b in blocks)
     check_route_rows(n, num_tokens, prompt_start=prompt_start)
-    check_split_rows(options.engine_config, what, prompt_start, sample.num_prompt_tokens)
+    p = sample.num_prompt_tokens
+    check_split_rows(options.engine_config, what, prompt_start, p, prefill=sample.prefill)
     dtype = np.result_type(*blocks) if blocks else options.id_dtype
     if dtype.kind not in "iu":  # uint64 with a signed block promotes to float64
         raise EngineOutputError(

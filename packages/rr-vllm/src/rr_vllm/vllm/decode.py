@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Unpack
 
 from rr_core import RouteMeta
+from rr_vllm.engine_sources import answered_by_prefill
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import attr, reason, token_count
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
@@ -46,6 +47,7 @@ class Request(NamedTuple):
     split: bool
     prompt_rows: Any
     completions: list[Completion]
+    prefill: bool = False
 
 
 def read_request(request_output: Any) -> Request:
@@ -75,7 +77,8 @@ def read_request(request_output: Any) -> Request:
         )
     split = hasattr(request_output, "prompt_routed_experts")  # vLLM 0.21
     prompt_rows = request_output.prompt_routed_experts if split else None
-    return Request(request_id, p, split, prompt_rows, completions)
+    prefill = answered_by_prefill(getattr(request_output, "kv_transfer_params", None))
+    return Request(request_id, p, split, prompt_rows, completions, prefill)
 
 
 def completion_sample(request: Request, completion: Completion, prompt_start: int) -> Sample:
@@ -87,6 +90,7 @@ def completion_sample(request: Request, completion: Completion, prompt_start: in
         p + completion.num_generated_tokens,
         prompt_start,
         completion.finish_reason,
+        request.prefill,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from rr_core import RouteMeta
+from rr_vllm.engine_sources import answered_by_prefill
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import as_mapping, key, reason, token_count
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
@@ -149,6 +150,7 @@ def decode_vllm_http(
         raise EngineOutputError(f"{name}: 'choices' is empty; a completion has n >= 1 choices")
     # /v1/chat/completions and /inference/v1/generate send the prompt once, response-level
     top_prompt = body.get("prompt_token_ids")
+    prefill = answered_by_prefill(body.get("kv_transfer_params"))  # D8 on a kv_both replica
     out: list[SampleRoutes | None] = []
     for i, item in enumerate(choices):
         choice = as_mapping(item, f"{name}, choice {i}")
@@ -172,7 +174,7 @@ def decode_vllm_http(
         p = token_count(prompt, f"{what}: prompt_token_ids")
         g = token_count(tokens, f"{what}: token_ids")
         reason_ = reason(choice.get("finish_reason"), f"{what}: finish_reason")
-        sample = Sample(what, p, p + g, opts.prompt_start, reason_)
+        sample = Sample(what, p, p + g, opts.prompt_start, reason_, prefill)
         text = choice.get("routed_experts")
         routes = None if text is None or sample.aborted else npy_base64_to_array(text)
         if routes is not None and (split or routes.dtype == np.int16):
