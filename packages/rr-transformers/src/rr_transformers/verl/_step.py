@@ -12,13 +12,14 @@ pass: ``end_step()`` raises if an armed layer never replayed, and the report is 
 from __future__ import annotations
 
 import importlib
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rr_core import ReplayMode, narrowest_dtype
+from rr_core import ReplayMode, RRWarning, narrowest_dtype
 from rr_transformers._routes import arm_routes
 from rr_transformers.verl._binding import Binding, binding_for, existing
 from rr_transformers.verl._errors import VerlFSDPReplayError
@@ -29,8 +30,7 @@ from rr_transformers.verl._layout import (
     route_batch,
     route_meta,
 )
-
-MODES = ("disabled", "R2", "R3")
+from rr_transformers.verl._mode import read_mode
 
 
 @dataclass
@@ -46,6 +46,8 @@ class Pass:
 
 
 _PASSES: weakref.WeakKeyDictionary[Any, Pass] = weakref.WeakKeyDictionary()
+#: Engines already told that the routes they got were not replayed (said once per engine).
+_TOLD_OFF: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _tu() -> Any:
@@ -54,11 +56,27 @@ def _tu() -> Any:
 
 def replay_mode(engine: Any) -> str:
     """The engine config's ``router_replay.mode`` (verl's own setting), checked."""
-    config = getattr(getattr(engine, "engine_config", None), "router_replay", None)
-    mode = getattr(config, "mode", "disabled")
-    if mode not in MODES:
-        raise VerlFSDPReplayError(f"router_replay.mode must be one of {list(MODES)}; got {mode!r}")
-    return str(mode)
+    return read_mode(getattr(getattr(engine, "engine_config", None), "router_replay", None))
+
+
+def _say_routes_unused(engine: Any, data: Any) -> None:
+    """Routes reaching a trainable engine whose replay is off are a configuration slip (the
+    rollout records them for replay): said once per engine, by the setting to change. A
+    forward-only engine (verl's reference policy) routes natively by design."""
+    config = getattr(engine, "engine_config", None)
+    if getattr(config, "forward_only", False) or engine in _TOLD_OFF:
+        return
+    if data.get("routed_experts", None) is None:
+        return
+    _TOLD_OFF.add(engine)
+    warnings.warn(
+        "verl's FSDP engine got routed_experts but its engine_config.router_replay.mode reads "
+        f"'disabled' (router_replay={getattr(config, 'router_replay', None)!r}): rr routes "
+        "natively and replays nothing. To replay the rollout's routes set "
+        "+actor_rollout_ref.actor.fsdp_config.router_replay.mode=R3",
+        RRWarning,
+        stacklevel=4,
+    )
 
 
 def _check_engine(engine: Any, mode: str) -> None:
@@ -82,6 +100,8 @@ def begin(engine: Any, data: Any, forward_only: bool) -> Pass | None:
     model's forward)."""
     mode = replay_mode(engine)
     flag = _tu().get_non_tensor_data(data, key="enable_routing_replay", default=None)
+    if mode == "disabled" and flag is not False:
+        _say_routes_unused(engine, data)
     if mode == "disabled" or flag is False:
         idle = existing(engine.module)
         if idle is not None:
