@@ -18,6 +18,7 @@ import pytest
 from rr_fakes.engines import sglang_server_info, vllm_http_response, vllm_request_output
 from rr_vllm import (
     CaptureError,
+    EngineOutputError,
     decode_vllm_http,
     decode_vllm_output,
     merge_split_routes,
@@ -149,3 +150,45 @@ def test_a_config_source_of_the_wrong_type_is_refused_by_name(
     read = sglang_engine_config if reader == "sglang" else vllm_engine_config
     with pytest.raises(CaptureError, match=rf"{reader}_engine_config's source .*{named}"):
         read(source, **({} if reader == "sglang" else {"vllm_version": "0.33.0"}))
+
+
+def split_pair() -> tuple[Any, Any]:
+    """The two samples of one split request: the prefill replica's (rows of the prompt and its
+    one sampled token) and the decode replica's (rows from P on)."""
+    routes = distinct_routes(META, P + G - 1, seed=5)
+    prefill_out = vllm_request_output(
+        "0.32+", prompt_ids=range(P), generated_ids=[0], routes_TLK=routes[:P], num_experts=8
+    )
+    decode_out = vllm_request_output(
+        "0.32+",
+        prompt_ids=range(P),
+        generated_ids=range(G),
+        routes_TLK=routes,
+        num_experts=8,
+        prompt_start=P,
+    )
+    (prefill,) = decode_vllm_output(prefill_out, META)
+    (decode,) = decode_vllm_output(decode_out, META, prompt_start=P)
+    return prefill, decode
+
+
+def test_merge_split_routes_refuses_the_samples_swapped() -> None:
+    prefill, decode = split_pair()
+    merged = merge_split_routes(prefill, decode)
+    assert merged.valid_T[: P + G - 1].all()
+    assert merged.routes_TLK.shape[0] == P + G
+    with pytest.raises(EngineOutputError, match=r"passed as prefill has no prompt rows.*swapped"):
+        merge_split_routes(decode, prefill)
+    # the decode replica's sample decoded from 0 (its prompt rows unread, but present)
+    (decode_from_0,) = decode_vllm_output(
+        vllm_request_output(
+            "0.32+",
+            prompt_ids=range(P),
+            generated_ids=range(G),
+            routes_TLK=distinct_routes(META, P + G - 1, seed=6),
+            num_experts=8,
+        ),
+        META,
+    )
+    with pytest.raises(EngineOutputError, match=r"passed as decode has 7 tokens.*swapped"):
+        merge_split_routes(decode_from_0, prefill)

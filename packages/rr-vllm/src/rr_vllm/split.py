@@ -22,6 +22,26 @@ def _name(sample: object, role: str) -> SampleRoutes:
     return check_instance(sample, SampleRoutes, EngineOutputError, takes + " (decode it first)")
 
 
+def _check_sides(prefill: SampleRoutes, decode: SampleRoutes, p: int) -> None:
+    """Each sample is recognisable as the side it is passed as: the prefill replica's has rows
+    before the prompt length, and it stops by the decode replica's last token (it samples one
+    token, the decode replica goes on). Samples swapped would merge into rows of nothing."""
+    swapped = "; were the samples swapped? The order is merge_split_routes(prefill, decode)"
+    if p and prefill.prompt_start >= p:
+        raise EngineOutputError(
+            f"merge_split_routes: the sample passed as prefill has no prompt rows (its rows "
+            f"start at {prefill.prompt_start}, the prompt has {p} tokens), as a decode "
+            f"replica's sample decoded from P{swapped}"
+        )
+    t_prefill, t_decode = prefill.routes_TLK.shape[0], decode.routes_TLK.shape[0]
+    if t_decode < t_prefill:
+        raise EngineOutputError(
+            f"merge_split_routes: the sample passed as decode has {t_decode} tokens, fewer "
+            f"than the {t_prefill} of the sample passed as prefill, which samples one token "
+            f"and stops{swapped}"
+        )
+
+
 def merge_split_routes(prefill: SampleRoutes, decode: SampleRoutes) -> SampleRoutes:
     """One sample of a split deployment: the prefill replica's prompt rows, then the decode
     replica's rows from the first generated token on.
@@ -39,6 +59,7 @@ def merge_split_routes(prefill: SampleRoutes, decode: SampleRoutes) -> SampleRou
             f"merge_split_routes: the prefill replica's sample has {prefill.num_prompt_tokens} "
             f"prompt tokens, the decode replica's {p}: not the same request"
         )
+    _check_sides(prefill, decode, p)
     for role, s in (("prefill", prefill), ("decode", decode)):
         if s.aborted:
             raise EngineOutputError(
