@@ -25,7 +25,7 @@ from rr_core import (
     router_topk,
     save_routes,
 )
-from rr_core.replay import report
+from rr_core.replay import tally
 from rr_core.replay.topk import is_topk_set_T, topk_set_and_order_T
 
 
@@ -231,7 +231,7 @@ def test_counts_summed_late_equal_each_calls_own(
     """Router calls keep their row tests unsummed (or count them on the host); the counts read
     at the report (or summed early once too many rows wait) are each call's own counts added
     up, empty calls too."""
-    monkeypatch.setattr(report, "MAX_PENDING_ROWS", limit)
+    monkeypatch.setattr(tally, "MAX_PENDING_ROWS", limit)
     monkeypatch.setattr(kernels, "_CHOSEN", [family])
     g = torch.Generator().manual_seed(0)
     controller = ReplayController(num_experts=8, top_k=2)

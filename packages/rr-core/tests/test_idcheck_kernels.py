@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rr_core import ReplayError, kernels
-from rr_core.replay.targets import check_target_ids
+from rr_core.replay.checks import check_target_ids
 from rr_core.routes import idcheck_numba
 from rr_core.routes import idcheck_words as words
 

@@ -1,44 +1,42 @@
-"""Which controller owns which router: the hook point routers call at their top-k step.
+"""Which controller owns which router. Routers of a model that was never attached to a
+controller (reference, critic, teacher models: C5) have no owner and always route natively.
 
-Routers of a model that was never attached to a controller (reference, critic, teacher
-models: C5) always route natively.
+Owners are held by what they do at a router call (:class:`RouteOwner`), so this registry knows
+nothing of the controller that fills it.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from rr_core.checks import describe
 from rr_core.errors import ReplayError
-from rr_core.replay.topk import TopK, native_topk
-
-if TYPE_CHECKING:
-    from rr_core.replay.controller import ReplayController
-
-OWNERS: weakref.WeakKeyDictionary[nn.Module, ReplayController] = weakref.WeakKeyDictionary()
+from rr_core.replay.topk import TopK
 
 
-def router_topk(
-    router: nn.Module, scores_TE: torch.Tensor, k: int, *, values_TE: torch.Tensor | None = None
-) -> TopK:
-    """The hook point routers call at their top-k step: native top-k unless ``router`` belongs
-    to an attached controller whose mode for it is not OFF."""
-    controller = _owner(router, "router_topk")
-    if controller is None:
-        return native_topk(scores_TE, k, values_TE=values_TE)
-    return controller.route(router, scores_TE, k, values_TE=values_TE)
+class RouteOwner(Protocol):
+    """What owns attached routers: it routes each of their top-k calls."""
+
+    def route(
+        self,
+        router: nn.Module,
+        scores_TE: torch.Tensor,
+        k: int,
+        *,
+        values_TE: torch.Tensor | None = None,
+    ) -> TopK: ...
 
 
-def controller_of(router: nn.Module) -> ReplayController | None:
-    """The controller a router is attached to, if any."""
-    return _owner(router, "controller_of")
+OWNERS: weakref.WeakKeyDictionary[nn.Module, RouteOwner] = weakref.WeakKeyDictionary()
 
 
-def _owner(router: nn.Module, where: str) -> ReplayController | None:
+def owner_of(router: nn.Module, where: str) -> RouteOwner | None:
+    """The owner of ``router``, or None; ``where`` names the caller in the error a non-module
+    gets."""
     try:
         return OWNERS.get(router)
     except TypeError:  # not weakly referenceable: no module (the check costs nothing otherwise)

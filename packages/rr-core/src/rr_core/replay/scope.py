@@ -3,24 +3,29 @@ backward recompute, whatever order the pipeline schedule runs them in (B1)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from rr_core.errors import ReplayError
-from rr_core.replay.modes import check_hashable
-from rr_core.replay.state import DEFAULT_MICROBATCH, ControllerState
+from rr_core.replay.checks import check_hashable
+
+#: The micro-batch a forward belongs to when no :meth:`ReplayController.microbatch` is open.
+DEFAULT_MICROBATCH = 0
 
 
-class MicrobatchScopes(ControllerState):
-    """The controller's micro-batch contexts: forward scope, backward scope, resolution."""
+class MicrobatchScopes:
+    """The open forward and backward scopes and the micro-batches that ran forward this step."""
+
+    def __init__(self) -> None:
+        self._forward_mb: Hashable | None = None
+        self._backward_mb: Hashable | None = None
+        self._forward_mbs: set[Hashable] = set()
 
     @contextmanager
     def microbatch(self, microbatch: Hashable) -> Iterator[MicrobatchScope]:
-        """Routers firing inside belong to ``microbatch``. Call ``scope.track(output)`` so a
-        later backward recompute knows which micro-batch it belongs to."""
         check_hashable(microbatch)
         previous, self._forward_mb = self._forward_mb, microbatch
         try:
@@ -30,7 +35,6 @@ class MicrobatchScopes(ControllerState):
 
     @contextmanager
     def backward(self, microbatch: Hashable) -> Iterator[None]:
-        """Explicitly mark a backward (and its recompute) as belonging to ``microbatch``."""
         check_hashable(microbatch)
         previous, self._backward_mb = self._backward_mb, microbatch
         try:
@@ -38,16 +42,9 @@ class MicrobatchScopes(ControllerState):
         finally:
             self._backward_mb = previous
 
-    def run_microbatch(
-        self, microbatch: Hashable, fn: Callable[..., Any], *args: Any, **kw: Any
-    ) -> Any:
-        """Call ``fn`` as ``microbatch`` and track every tensor of its output for backward."""
-        with self.microbatch(microbatch) as scope:
-            out = fn(*args, **kw)
-            scope.track(out)
-        return out
-
-    def _enter_backward(self, microbatch: Hashable) -> None:
+    def enter_backward(self, microbatch: Hashable) -> None:
+        """Autograd reached a tracked output of ``microbatch``: recompute belongs to it until
+        this backward ends."""
         self._backward_mb = microbatch
 
         def leave() -> None:
@@ -56,7 +53,17 @@ class MicrobatchScopes(ControllerState):
 
         torch.autograd.Variable._execution_engine.queue_callback(leave)
 
-    def _resolve_microbatch(self, layer: int, in_backward: bool) -> Hashable:
+    def call(self, layer: int) -> tuple[Hashable, bool]:
+        """``(micro-batch, in backward)`` of a router call on ``layer``; a forward call is
+        remembered, so a later untracked recompute can tell which micro-batch it belongs to."""
+        backward = in_backward()
+        microbatch = self.current(layer, backward)
+        if not backward:
+            self._forward_mbs.add(microbatch)
+        return microbatch, backward
+
+    def current(self, layer: int, in_backward: bool) -> Hashable:
+        """The micro-batch a call on ``layer`` belongs to now, remembering nothing."""
         if not in_backward:
             return DEFAULT_MICROBATCH if self._forward_mb is None else self._forward_mb
         if self._backward_mb is not None:
@@ -70,6 +77,12 @@ class MicrobatchScopes(ControllerState):
             "run_microbatch) or wrap the backward in controller.backward(m)"
         )
 
+    def reset(self) -> None:
+        """A new step: no scope open, no micro-batch ran forward."""
+        self._forward_mbs = set()
+        self._forward_mb = None
+        self._backward_mb = None
+
 
 def in_backward() -> bool:
     # -1 outside autograd's engine; recompute (reentrant or not) runs inside a backward task.
@@ -79,8 +92,8 @@ def in_backward() -> bool:
 class MicrobatchScope:
     """Handle of an open :meth:`ReplayController.microbatch` context."""
 
-    def __init__(self, controller: MicrobatchScopes, microbatch: Hashable) -> None:
-        self._controller, self.microbatch = controller, microbatch
+    def __init__(self, scopes: MicrobatchScopes, microbatch: Hashable) -> None:
+        self._scopes, self.microbatch = scopes, microbatch
 
     def track(self, output: Any) -> None:
         """Mark the grad-carrying tensors of ``output`` (nested tuples, lists, dicts): when a
@@ -92,7 +105,7 @@ class MicrobatchScope:
         a tensor hook would never fire, while the base's node stays in the graph."""
         if isinstance(output, torch.Tensor):
             if output.requires_grad:
-                _mark_backward(output, self._controller, self.microbatch)
+                _mark_backward(output, self._scopes, self.microbatch)
         elif isinstance(output, (tuple, list)):
             for item in output:
                 self.track(item)
@@ -101,11 +114,11 @@ class MicrobatchScope:
                 self.track(item)
 
 
-def _mark_backward(tensor: torch.Tensor, controller: MicrobatchScopes, mb: Hashable) -> None:
+def _mark_backward(tensor: torch.Tensor, scopes: MicrobatchScopes, mb: Hashable) -> None:
     """Enter ``mb``'s backward when autograd reaches ``tensor``'s storage."""
     root = tensor if tensor._base is None else tensor._base
     node = root.grad_fn
     if node is None:  # a leaf: it cannot be modified in place while it requires grad
-        root.register_hook(lambda grad: controller._enter_backward(mb))  # type: ignore[no-untyped-call]
+        root.register_hook(lambda grad: scopes.enter_backward(mb))  # type: ignore[no-untyped-call]
         return
-    node.register_prehook(lambda grads: controller._enter_backward(mb))
+    node.register_prehook(lambda grads: scopes.enter_backward(mb))

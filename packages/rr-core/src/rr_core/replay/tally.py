@@ -3,7 +3,7 @@
 of every router in one pass per device. On a CPU the op count, not the data, is what a router
 call pays for; on an accelerator each op is a launch. Where the compiled CPU pass runs
 (:mod:`rr_core.replay.agreement_numba`) a call adds its counts on the host instead, in
-``Tally.counted``, and keeps nothing pending.
+``Tally.counted``, and keeps nothing pending. :class:`Agreement` holds a step's tallies.
 
 Shapes: T rows of one call, N rows of all pending calls.
 """
@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from rr_core.replay import agreement_numba
 
 #: Pending rows (all routers) past which the counts are summed at once, so a step of many
 #: micro-batches keeps no more than this many test results alive (two bytes a row).
@@ -66,3 +68,50 @@ def settle(tallies: dict[int, Tally]) -> None:
             tally.hits = sums_J2[j] if tally.hits is None else tally.hits + sums_J2[j]
     for tally in owners:
         tally.pending.clear()
+
+
+class Agreement:
+    """The step's agreement, one :class:`Tally` per router (walk index) that replayed."""
+
+    def __init__(self) -> None:
+        self._tallies: dict[int, Tally] = {}
+        self._pending_rows = 0  # rows of agreement tests not summed yet (all routers)
+
+    def add(self, index: int, agree_T: torch.Tensor, in_order_T: torch.Tensor, rows: int) -> None:
+        """Keep one call's row tests; ``rows`` of them replayed."""
+        # the row tests stay on their device, unsummed, until the report: no reduction and
+        # no host sync per router call
+        tally = self._tallies.setdefault(index, Tally())
+        self._pending_rows += tally.add(agree_T, in_order_T, rows)
+        if self._pending_rows > MAX_PENDING_ROWS:
+            settle(self._tallies)
+            self._pending_rows = 0
+
+    def count_on_host(
+        self,
+        index: int,
+        rows: int,
+        scores_TE: np.ndarray,
+        ids_TK: np.ndarray,
+        mask_T: np.ndarray | None,
+    ) -> None:
+        """Count one call on the host as it runs (the compiled pass): nothing pending, nothing
+        to sum at the step's end."""
+        tally = self._tallies.setdefault(index, Tally())
+        tally.rows += rows
+        agreement_numba.count_agreement(scores_TE, ids_TK, mask_T, tally.counted)
+
+    def shares(self, column: int, layers: tuple[int, ...]) -> dict[int, float]:
+        """Per layer (``layers[index]``), the share of replayed rows that passed test
+        ``column`` (0: same set, 1: same set in score order); layers with no row are absent."""
+        settle(self._tallies)
+        self._pending_rows = 0
+        return {
+            layers[index]: tally.count(column) / tally.rows
+            for index, tally in sorted(self._tallies.items())
+            if tally.rows
+        }
+
+    def end_step(self) -> None:
+        self._tallies = {}
+        self._pending_rows = 0
