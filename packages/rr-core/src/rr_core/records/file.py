@@ -152,7 +152,23 @@ def save_routes(
         raise RecordFileError(
             f"{directory}: no such directory to write {target.name} into; create it first"
         )
-    return atomic_write(target, save(tensors, metadata=metadata))
+    data = save(tensors, metadata=metadata)
+    _check_header_size(target, int.from_bytes(data[:8], "little"), metadata)
+    return atomic_write(target, data)
+
+
+def _check_header_size(path: Path, size: int, metadata: Mapping[str, str]) -> None:
+    """The reader's header limit, at write time: a header over it would be written and then
+    refused by every reader, its routes lost."""
+    if size <= MAX_HEADER_BYTES:
+        return
+    largest = sorted(metadata, key=lambda k: len(metadata[k]), reverse=True)[:2]
+    sizes = ", ".join(f"{k} {len(metadata[k])} bytes" for k in largest)
+    raise RecordFileError(
+        f"{path}: the record's header would be {size} bytes, over the {MAX_HEADER_BYTES >> 20} "
+        f"MiB a reader accepts (largest fields: {sizes}); write fewer sequences per record "
+        "(shards: rr_core.write_shard), shorter sample ids, or a smaller provenance"
+    )
 
 
 def _entries(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:

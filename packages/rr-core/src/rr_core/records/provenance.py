@@ -10,6 +10,7 @@ an empty provenance.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -55,13 +56,19 @@ def check_provenance(provenance: Any, where: str) -> dict[str, Any]:
                 f"{where}: provenance {name!r} is {value!r} ({type(value).__name__}), expected "
                 f"{expected} or None"
             )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RecordFileError(
+                f"{where}: provenance {name!r} is {value!r}; JSON has no NaN or Infinity "
+                "(a header holding them is not standard JSON): record a finite number, a "
+                "string or None"
+            )
         out[name] = value
     return out
 
 
 def provenance_json(provenance: Mapping[str, Any] | None, where: str) -> str:
     """The header string of a provenance (sorted keys, checked)."""
-    return json.dumps(check_provenance(provenance or {}, where), sort_keys=True)
+    return json.dumps(check_provenance(provenance or {}, where), sort_keys=True, allow_nan=False)
 
 
 def read_provenance(path: Path, text: str) -> dict[str, Any]:

@@ -36,7 +36,8 @@ from rr_core.routes.batch import RouteBatch, cat_rows, narrowest_dtype
 
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "rr-routes-index"
-_SHARD = re.compile(r"^routes-rank(\d{5})\.safetensors$")
+#: ``shard_path``'s names: five digits (zero-padded), or more for ranks from 100000 on.
+_SHARD = re.compile(r"^routes-rank(\d{5}|[1-9]\d{5,})\.safetensors$")
 
 
 def shard_path(directory: PathLike, rank: int) -> Path:
