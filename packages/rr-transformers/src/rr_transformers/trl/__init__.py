@@ -1,0 +1,37 @@
+"""rr_transformers.trl: routing replay inside TRL's GRPOTrainer, in one line.
+
+``import rr_transformers.trl; rr_transformers.trl.install()`` before the trainer is built:
+TRL's colocated vLLM engine then returns the experts each token was routed to, the routes ride
+with their rows through TRL's shuffle, split and buffering, and every policy forward (old
+log-probs, a reference model, the checkpointed training forward) replays them (R3). rr's
+agreement per step goes into TRL's logged metrics as ``rr/...``. TRL (``>=1.16,<1.17``) and
+vLLM are imported at ``install()``, not before.
+"""
+
+from __future__ import annotations
+
+from rr_transformers.trl._adapter import (
+    INSTALLER,
+    TRL_SPECIFIER,
+    TrlInstaller,
+    installed_trl_version,
+)
+from rr_transformers.trl._errors import TrlReplayError
+from rr_transformers.trl._passes import set_replay
+from rr_transformers.trl._rows import ROUTES_KEY, RowRoutes
+
+install, uninstall, is_installed = INSTALLER.module_functions()
+
+__all__ = [
+    "INSTALLER",
+    "ROUTES_KEY",
+    "TRL_SPECIFIER",
+    "RowRoutes",
+    "TrlInstaller",
+    "TrlReplayError",
+    "install",
+    "installed_trl_version",
+    "is_installed",
+    "set_replay",
+    "uninstall",
+]

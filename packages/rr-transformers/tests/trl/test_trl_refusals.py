@@ -1,0 +1,131 @@
+"""What rr_transformers.trl refuses by name, its install life cycle, and how it lays a
+batch's routes on TRL's rows (no engine runs here)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from packaging.version import Version
+
+import rr_transformers
+import rr_transformers.trl
+from rr_core import RouteMeta
+from rr_transformers.trl import RowRoutes, TrlReplayError
+from rr_transformers.trl import _adapter as adapter
+from rr_transformers.trl._rows import chunk_batch
+
+META = RouteMeta(
+    num_experts=8, top_k=2, layer_axis="all_layers", layer_numbers=(1, 2), moe_layer_numbers=(2,)
+)
+
+
+def _config(**overrides: Any) -> Any:
+    return SimpleNamespace(**{"use_vllm": True, "vllm_mode": "colocate", **overrides})
+
+
+def _refuse(config: Any, **extra: Any) -> None:
+    adapter.refusals(
+        config,
+        **{"tools": None, "rollout_func": None, "environment_factory": None, **extra},
+    )
+
+
+def test_the_plain_colocate_trainer_is_accepted() -> None:
+    _refuse(_config())
+
+
+@pytest.mark.parametrize(
+    ("config", "extra", "match"),
+    [
+        (_config(use_vllm=False), {}, "use_vllm=False"),
+        (_config(vllm_mode="server"), {}, "vllm_mode='server'"),
+        (_config(), {"rollout_func": lambda prompts, trainer: {}}, "rollout_func"),
+        (_config(), {"tools": [print]}, "tools="),
+        (_config(), {"environment_factory": object}, "environment_factory"),
+    ],
+)
+def test_what_rr_cannot_replay_is_refused_by_name(config: Any, extra: Any, match: str) -> None:
+    with pytest.raises(TrlReplayError, match=match):
+        _refuse(config, **extra)
+
+
+def test_install_is_idempotent_and_uninstall_restores() -> None:
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    original = GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"]
+    assert not rr_transformers.trl.is_installed()
+    try:
+        first = rr_transformers.trl.install()
+        assert rr_transformers.trl.install() == first
+        assert rr_transformers.trl.is_installed()
+        assert rr_transformers.is_installed()
+        assert GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"] is not original
+    finally:
+        rr_transformers.trl.uninstall()
+    assert not rr_transformers.trl.is_installed()
+    assert not rr_transformers.is_installed()  # install() put them in: uninstall takes them out
+    assert GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"] is original
+    assert rr_transformers.trl.uninstall() == 0
+
+
+def test_a_trl_outside_the_tested_range_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adapter, "installed_trl_version", lambda: Version("1.17.0"))
+    with pytest.raises(TrlReplayError, match=r"trl 1.17.0 is outside the tested range"):
+        rr_transformers.trl.install()
+    assert not rr_transformers.trl.is_installed()
+
+
+def test_a_server_mode_trainer_is_refused_before_it_connects() -> None:
+    from trl import GRPOConfig, GRPOTrainer
+
+    config = GRPOConfig(output_dir="unused", use_vllm=True, vllm_mode="server", use_cpu=True)
+    rr_transformers.trl.install()
+    try:
+        with pytest.raises(TrlReplayError, match="vllm_mode='server'"):
+            GRPOTrainer(model="unused", reward_funcs=[], args=config)
+    finally:
+        rr_transformers.trl.uninstall()
+
+
+def test_set_replay_needs_a_trainer_built_under_install() -> None:
+    with pytest.raises(TrlReplayError, match=r"not built under rr_transformers\.trl\.install"):
+        rr_transformers.trl.set_replay(object(), False)
+
+
+def _row(tokens: list[int]) -> RowRoutes:
+    n = len(tokens) - 1  # the engine's T-1 rows
+    values = torch.zeros(n, 2, 2, dtype=torch.uint8)
+    values[:, 1, 0], values[:, 1, 1] = 3, 5
+    return RowRoutes(torch.tensor(tokens), values, torch.ones(n, dtype=torch.bool), META)
+
+
+def test_routes_lay_on_their_rows_left_and_right_padded() -> None:
+    rows = [_row([7, 8, 9, 10]), _row([11, 12, 13, 14, 15])]
+    ids = torch.tensor([[0, 7, 8, 9, 10, 0], [11, 12, 13, 14, 15, 0]])
+    mask = (ids != 0).long()
+    batch = chunk_batch(rows, ids, mask)
+    assert batch.lengths.tolist() == [3, 4]
+    assert bool(batch.valid_N.all())
+
+
+def test_routes_of_another_row_raise() -> None:
+    rows = [_row([7, 8, 9, 10]), _row([11, 12, 13, 14])]
+    ids = torch.tensor([[11, 12, 13, 14], [7, 8, 9, 10]])
+    with pytest.raises(TrlReplayError, match="row 0 of the forward"):
+        chunk_batch(rows, ids, torch.ones_like(ids))
+    with pytest.raises(TrlReplayError, match="2 routes"):
+        chunk_batch(rows, ids[:1], torch.ones_like(ids[:1]))
+
+
+def test_a_masked_truncated_completion_routes_natively() -> None:
+    """``mask_truncated_completions``: TRL zeroes the completion's attention; its prompt rows
+    stay, none replayed."""
+    rows = [_row([7, 8, 9, 10, 11])]  # prompt 7 8, completion 9 10 11 (truncated)
+    ids = torch.tensor([[7, 8, 9, 10, 11]])
+    mask = torch.tensor([[1, 1, 0, 0, 0]])
+    batch = chunk_batch(rows, ids, mask)
+    assert batch.lengths.tolist() == [2]
+    assert not bool(batch.valid_N.any())
