@@ -24,12 +24,13 @@ from typing import Any, Unpack
 
 from rr_core import RouteMeta, expected_route_rows
 from rr_vllm.errors import EngineOutputError
-from rr_vllm.fields import as_mapping, chunks_of, count, integers, reason, token_count, utf8
+from rr_vllm.fields import as_mapping, count, integers, reason, token_count
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
 from rr_vllm.samples import Sample, SampleRoutes, decode_rows
+from rr_vllm.sse import sse_items
 from rr_vllm.vllm.store import check_error_body
 from rr_vllm.vllm.versions import vllm_flags
-from rr_vllm.vllm.wire import npy_base64_to_array
+from rr_vllm.vllm.wire import DERENDER_HIDES_TOKENS, npy_base64_to_array
 
 _OPENAI_OBJECTS = frozenset({"text_completion", "chat.completion.chunk"})
 _FIX = (
@@ -46,42 +47,26 @@ class _Choice:
     finish_reason: str | None = None
     routed_experts: str | None = None
     finished: bool = False
+    sent_token_ids: bool = False
 
 
 def _events(stream: Iterable[Any]) -> Iterable[tuple[int, Mapping[str, Any] | None]]:
-    """``(chunk number, parsed chunk)`` from SSE text (whole, or line by line, str or bytes)
-    or already-parsed chunks; None for ``[DONE]``. A whole body (one ``str`` or ``bytes``, as
-    ``response.text`` / ``response.content``) is one item, not its characters."""
-    if isinstance(stream, str | bytes):
-        stream = [stream]
-    n = 0
-    for item in chunks_of(stream, "a vLLM stream"):
+    """``(chunk number, parsed chunk)`` from SSE text (whole, by line, or in byte chunks cut
+    anywhere, str or bytes) or already-parsed chunks; None for ``[DONE]``."""
+    for n, item in enumerate(sse_items(stream, "a vLLM stream"), start=1):
         if isinstance(item, Mapping):
-            n += 1
             yield n, item
             continue
-        if not isinstance(item, str | bytes):
+        if item == "[DONE]":
+            yield n, None
+            continue
+        try:
+            chunk = json.loads(item)
+        except json.JSONDecodeError as e:
             raise EngineOutputError(
-                f"a stream is SSE text (str / bytes lines) or parsed chunks (dicts); got "
-                f"{type(item).__name__}"
-            )
-        text = utf8(item, f"the vLLM stream's line after chunk {n}")
-        for line in text.splitlines():
-            line = line.strip()
-            if not line or line.startswith(":") or not line.startswith("data:"):
-                continue  # blank separators, comments, event:/id: fields
-            data = line[len("data:") :].strip()
-            n += 1
-            if data == "[DONE]":
-                yield n, None
-                continue
-            try:
-                chunk = json.loads(data)
-            except json.JSONDecodeError as e:
-                raise EngineOutputError(
-                    f"stream chunk {n} is not JSON ({e}): {data[:60]!r}; a cut or altered stream"
-                ) from e
-            yield n, as_mapping(chunk, f"stream chunk {n}")
+                f"stream chunk {n} is not JSON ({e}): {item[:60]!r}; a cut or altered stream"
+            ) from e
+        yield n, as_mapping(chunk, f"stream chunk {n}")
 
 
 class _Stream:
@@ -93,6 +78,7 @@ class _Stream:
         self.prompt_token_ids: list[int] | None = None  # on the first chunk only, for every choice
         self.completion_tokens: int | None = None  # the final usage-only chunk's total
         self.done = False
+        self.derender = False  # vLLM 0.34's output_mode="derender": choices carry a delta
 
 
 def _gather(stream: Iterable[Any]) -> _Stream:
@@ -113,6 +99,7 @@ def _gather(stream: Iterable[Any]) -> _Stream:
                 "streaming path drops the routed experts (vLLM RFC #56745; see `rr explain G5`); "
                 f"{_FIX}"
             )
+        out.derender = out.derender or chunk.get("output_mode") == "derender"
         items = chunk.get("choices", [])
         if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
             raise EngineOutputError(f"{what}: 'choices' must be a list; got {type(items).__name__}")
@@ -127,7 +114,8 @@ def _gather(stream: Iterable[Any]) -> _Stream:
             index = c.get("index", i)
             if isinstance(index, bool) or not isinstance(index, int) or index < 0:
                 raise EngineOutputError(f"{what}: choice index must be an integer >= 0: {index!r}")
-            if "delta" in c or ("text" in c and "routed_experts" not in c):
+            derender = out.derender and "delta" in c
+            if not derender and ("delta" in c or ("text" in c and "routed_experts" not in c)):
                 raise EngineOutputError(
                     f"{what}: an OpenAI streaming choice (no routed_experts field): vLLM's OpenAI "
                     "streaming path drops the routed experts (vLLM RFC #56745; "
@@ -140,6 +128,7 @@ def _gather(stream: Iterable[Any]) -> _Stream:
             delta = c.get("token_ids")
             if delta is not None:
                 state.token_ids += integers(delta, f"{where}: token_ids")
+                state.sent_token_ids = True
             routes = c.get("routed_experts")
             state.finish_reason = reason(c.get("finish_reason"), f"{where}: finish_reason")
             state.finished = state.finish_reason is not None
@@ -167,7 +156,8 @@ def decode_vllm_stream(
 ) -> list[SampleRoutes | None]:
     """Routes of each choice of a streamed ``/inference/v1/generate`` answer, in index order.
 
-    ``stream``: the SSE text (whole or line by line, str or bytes) or the parsed chunks.
+    ``stream``: the SSE text (whole, line by line, or the byte chunks an HTTP client yields,
+    cut anywhere; str or bytes) or the parsed chunks.
     ``prompt_token_ids``: the prompt sent, unless the first chunk carries it
     (``return_token_ids``). Options: ``prompt_start`` (the ``routed_experts_prompt_start``
     sent), ``on_abort``, ``vllm_version``. A cut stream (no ``[DONE]``, a choice without
@@ -194,6 +184,9 @@ def decode_vllm_stream(
             f"{name} is cut: {', '.join(missing)}; every choice ends with a chunk carrying "
             "finish_reason (and the routes) before [DONE]: read the whole stream, or resubmit"
         )
+    hidden = [i for i, c in choices.items() if gathered.derender and not c.sent_token_ids]
+    if hidden:
+        raise EngineOutputError(f"{name}, choices {hidden}: {DERENDER_HIDES_TOKENS}")
     generated = sum(len(c.token_ids) for c in choices.values())
     if gathered.completion_tokens not in (None, generated):
         raise EngineOutputError(

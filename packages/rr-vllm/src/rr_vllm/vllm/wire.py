@@ -102,6 +102,16 @@ def _generation_only(routes: IntArray, sample: Sample, options: DecodeOptions) -
     return place_rows([routes], sample._replace(prompt_start=p), options, moe_only=True)
 
 
+#: vLLM 0.34's /inference/v1/generate ``output_mode="derender"`` with ``include_reasoning=false``
+#: hides the choices' token ids (and log-probs) and still sends the routes.
+DERENDER_HIDES_TOKENS = (
+    "an output_mode='derender' answer without token_ids (vLLM 0.34 hides them, and the "
+    "log-probs, when the request sets include_reasoning=false) still carries routed_experts, "
+    "whose rows cannot be aligned with tokens that are not sent: send include_reasoning=true, "
+    "or output_mode='tokens' (the default)"
+)
+
+
 def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
@@ -159,6 +169,8 @@ def decode_vllm_http(
         # /v1/completions choice unless return_token_ids is set
         prompt = _first(choice.get("prompt_token_ids"), top_prompt, prompt_token_ids)
         tokens = choice.get("token_ids")
+        if tokens is None and body.get("output_mode") == "derender":
+            raise EngineOutputError(f"{what}: {DERENDER_HIDES_TOKENS}")
         if tokens is None:
             raise EngineOutputError(
                 f"{what}: token_ids is null, so the generated tokens the routes cover are "
