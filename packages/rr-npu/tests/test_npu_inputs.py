@@ -24,6 +24,15 @@ def _controller() -> ReplayController:
     return ReplayController(num_experts=4, top_k=2)
 
 
+def _attach_installed(controller: ReplayController, model: Any, **options: Any) -> Any:
+    """``rr_npu.attach`` after ``rr_npu.install()`` (attach before install is refused first)."""
+    rr_npu.install()
+    try:
+        return rr_npu.attach(controller, model, **options)
+    finally:
+        rr_npu.uninstall()
+
+
 CASES: list[BadCall] = [
     (
         "wire_plan int backend",
@@ -120,7 +129,7 @@ CASES: list[BadCall] = [
     ("attach str model", lambda: rr_npu.attach(_controller(), "model"), ReplayError, "nn.Module"),
     (
         "attach capacity",
-        lambda: rr_npu.attach(_controller(), torch.nn.Linear(1, 1), capacity="x"),
+        lambda: _attach_installed(_controller(), torch.nn.Linear(1, 1), capacity="x"),
         ReplayConfigError,
         "capacity",
     ),

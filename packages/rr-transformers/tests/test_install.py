@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import rr_transformers
 from _helpers import FAMILIES, VERSION
-from rr_core import ReplayController, ReplayMode
+from rr_core import ReplayController, ReplayMode, WalkError
 from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_model
 from rr_transformers import KNOWN_FAMILIES, RouterHookError, RouterTopkProxy
 
@@ -90,6 +90,42 @@ def test_replay_through_a_foreign_wrapper_raises_instead_of_routing_natively():
         controller.detach()
         rr_transformers.uninstall()
         setattr(owner, attribute, original)
+
+
+def test_attach_before_install_still_installs_for_one_release_with_a_warning():
+    """rr_core's rule refuses attach before install; earlier releases of rr_transformers
+    installed there, which keeps working for one release, warning at the caller's line."""
+    model, controller = (
+        tiny_model("qwen3_moe"),
+        ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K),
+    )
+    assert not rr_transformers.is_installed()
+    with pytest.warns(DeprecationWarning, match=r"call rr_transformers.install\(\) first") as got:
+        attachment = rr_transformers.attach(controller, model)
+    try:
+        assert [w.filename for w in got] == [__file__]  # attributed to the caller
+        assert rr_transformers.is_installed()
+        assert attachment.layer_numbers == controller.layer_numbers != ()
+    finally:
+        controller.detach()
+        rr_transformers.uninstall()
+
+
+def test_attach_after_the_hooks_were_replaced_since_install_raises():
+    owner, attribute = KNOWN_FAMILIES["qwen3_moe"].hook_site(VERSION)[:2]
+    rr_transformers.install()
+    ours = _current(owner, attribute)
+    setattr(owner, attribute, ours.__wrapped__)  # another library's patch dropped rr's hook
+    controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
+    try:
+        with pytest.raises(
+            WalkError, match=r"no longer in place .* rr_transformers.install\(\) again"
+        ):
+            rr_transformers.attach(controller, tiny_model("qwen3_moe"))
+        assert controller.layer_numbers == ()
+    finally:
+        rr_transformers.uninstall()
+        setattr(owner, attribute, ours.__wrapped__)
 
 
 def test_install_refuses_a_routing_function_that_is_not_a_function():

@@ -50,6 +50,7 @@ def setup(model: Any) -> Iterator[tuple[Any, ReplayController, RouteBatch, dict[
         "ids_1N": torch.cat(seqs)[None],
         "pos_1N": torch.cat([torch.arange(n) for n in LENGTHS])[None],
     }
+    rr_transformers.install()
     controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
     attachment = rr_transformers.attach(controller, model)
     try:

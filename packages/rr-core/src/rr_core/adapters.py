@@ -24,6 +24,14 @@ patch registry (:attr:`Installer.patches`, whose policy toward foreign patches i
 registry, ``_uninstall``. :class:`Attacher`: the argument checks of ``attach`` / ``detach``; a
 subclass writes ``_attach`` and optionally ``_detach``.
 
+**Attach before install.** An :class:`Adapter`'s ``attach`` raises :class:`NotInstalledError`
+unless ``install()`` was called (and not undone by ``uninstall()``) since. ``attach`` cannot tell
+whether hooks put in at that moment come too late (a model compiled before, or a function
+bound by name somewhere rr does not look, keeps the framework's own routing), so the program
+states where rr changes the framework: at ``install()``, before the model is built or after; for
+rr_npu even before Megatron is imported (the hooks go in once it is). rr_transformers installed
+from ``attach`` in earlier releases; it still does for one release, with a DeprecationWarning.
+
 Each package exposes one instance and binds its methods as module functions
 (``rr_megatron_compat.install`` is ``rr_megatron_compat.ADAPTER.install``; see
 :meth:`Adapter.module_functions`). :func:`adapters` lists the instances created in this
@@ -53,6 +61,7 @@ __all__ = [
     "Installer",
     "InstallerFunctions",
     "ModuleFunctions",
+    "NotInstalledError",
     "adapters",
     "check_controller",
     "check_model",
@@ -60,6 +69,10 @@ __all__ = [
 ]
 
 _ADAPTERS: weakref.WeakValueDictionary[str, Installer | Attacher] = weakref.WeakValueDictionary()
+
+
+class NotInstalledError(ReplayError):
+    """``attach`` was called on an adapter whose ``install()`` was not called first."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +252,19 @@ class Attacher(_Named, ABC):
 
 
 class Adapter(Installer, Attacher):
-    """Both capabilities: hooks installed, then routers attached."""
+    """Both capabilities: hooks installed, then routers attached (see the module doc for the
+    attach-before-install rule)."""
+
+    def _before_attach(self) -> None:
+        if not self.install_requested:
+            self._attach_before_install()
+
+    def _attach_before_install(self) -> None:
+        """``attach`` came before ``install()``: the one rule is to refuse."""
+        raise NotInstalledError(
+            f"{self.module}.attach() was called before {self.module}.install(); install rr's "
+            f"hooks first (before or after building the model), then attach"
+        )
 
     def module_functions(self) -> ModuleFunctions:
         """The five methods, bound:

@@ -81,9 +81,10 @@ class MegatronAdapter(Adapter):
         from rr_megatron_compat._attach import attach_routers, check_attach_options
 
         check_attach_options(capacity, ignore_unreplayed_in_stats)
-        if not self._is_installed():
+        if not self._is_installed():  # install() was called (the base checks): a re-patch since
             raise ReplayError(
-                "rr's Megatron hooks are not installed; call rr_megatron_compat.install() first"
+                "rr's Megatron hooks are no longer in place (another library replaced them after "
+                "rr_megatron_compat.install()); call rr_megatron_compat.install() again"
             )
         layers = attach_routers(
             controller,

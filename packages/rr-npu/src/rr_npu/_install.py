@@ -9,8 +9,8 @@ reachable). On top of it this module
 
 - wraps the patch manager's ``apply_patches`` with a recognisable callable that re-installs
   rr's hooks after every (re)patch, so a ``repatch()`` cannot leave replay off;
-- re-checks at :func:`attach` (:func:`ensure_installed`), which covers a MindSpeed that was
-  loaded after :func:`install`;
+- re-checks at :func:`attach` (:meth:`MindSpeedAdapter.reinstall`), which covers a MindSpeed
+  that was loaded after :func:`install`;
 - refuses MindSpeed replacements the router reaches (:mod:`rr_npu._routing`, re-read after every
   apply), config classes whose signature is hidden, and Megatron imported before MindSpeed's
   pre-patches (:mod:`rr_npu._order`);
@@ -22,12 +22,13 @@ reachable). On top of it this module
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import rr_megatron_compat as rmc
-from rr_core import ReplayController, ReplayError
-from rr_core.adapters import Adapter, Attachment
+from rr_core import ReplayController
+from rr_core.adapters import Adapter, Attachment, NotInstalledError
 from rr_core.patching import PATCH_LOCK, Patches, RRWrapper
 from rr_npu._gating import GUARDS, install_gating_guard, uninstall_gating_guard, unwatch, watch
 from rr_npu._mindspeed import check_config_signatures, mark_pass_throughs, patch_manager
@@ -42,7 +43,7 @@ class ReinstallAfterApply(RRWrapper):
 
 def _reinstall_after(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     result = wrapped(*args, **kwargs)
-    if ADAPTER.requested:
+    if ADAPTER.install_requested:
         ADAPTER.reinstall()
     return result
 
@@ -73,8 +74,7 @@ class MindSpeedAdapter(Adapter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.requested = False  # install() was called (the hooks may wait for Megatron)
-        self.force = False
+        self.force = False  # install()'s, for the hooks put back after a MindSpeed re-patch
 
     def registries(self) -> tuple[Patches, ...]:
         return (self.patches, GUARDS)
@@ -82,7 +82,6 @@ class MindSpeedAdapter(Adapter):
     def _install(self, *, force: bool) -> tuple[str, ...]:
         self.force = force
         self.reinstall()
-        self.requested = True
         return tuple(spec.name for spec in rmc.hook_specs(rmc.megatron_line()))
 
     def reinstall(self) -> tuple[str, ...]:
@@ -107,13 +106,12 @@ class MindSpeedAdapter(Adapter):
             return tuple(sorted(set(rmc.installed_hooks()) - before))
 
     def _uninstall(self) -> int:
-        self.requested = False
         removed = self.patches.restore()  # a manager someone re-patched since keeps theirs
         removed += uninstall_gating_guard()
         return removed + rmc.uninstall()
 
     def _is_installed(self) -> bool:
-        return self.requested and rmc.is_installed()
+        return self.install_requested and rmc.is_installed()
 
     def _attach(
         self, controller: ReplayController, model: Any, *, capacity: str = "warn", **options: Any
@@ -121,7 +119,7 @@ class MindSpeedAdapter(Adapter):
         rmc.check_replay_config(None, capacity=capacity)
         configs = _configs(model)
         check_routing_not_replaced(configs[0] if configs else None)  # the config names triggers
-        ensure_installed()
+        self.reinstall()  # what a re-patch dropped, or all, where install() preceded Megatron
         found = rmc.attach(controller, model, capacity=capacity, **options)
         watch(controller)
         return Attachment(self.name, found.layer_numbers, found.num_experts, found.top_k)
@@ -137,12 +135,18 @@ install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()
 
 
 def ensure_installed() -> tuple[str, ...]:
-    """Re-check MindSpeed and re-install whatever a (re)patch dropped (or everything, where
-    :func:`install` came before Megatron was loaded); returns the hooks put back. Raises if
-    :func:`install` was never called."""
+    """Deprecated (one release): :func:`install` is idempotent and puts back what a re-patch
+    dropped, and :func:`attach` re-checks on its own. Returns the hooks put back; raises
+    :class:`~rr_core.adapters.NotInstalledError` where :func:`install` was never called."""
+    warnings.warn(
+        "rr_npu.ensure_installed() is deprecated: call rr_npu.install() again (idempotent: it "
+        "puts back what a MindSpeed re-patch dropped); rr_npu.attach() re-checks on its own",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     with PATCH_LOCK:
-        if not ADAPTER.requested:
-            raise ReplayError(
+        if not ADAPTER.install_requested:
+            raise NotInstalledError(
                 "rr_npu.install() was not called; install rr's hooks before attaching"
             )
         return ADAPTER.reinstall()

@@ -22,6 +22,7 @@ from rr_transformers._errors import UnknownFamilyError
 from rr_transformers._families import Family, family_of, text_config
 from rr_transformers._install import hooked, install_hooks
 from rr_transformers._packed import forget_packed, guard_decoder
+from rr_transformers._probe import prove_hooks
 from rr_transformers._versions import checked_version
 
 ScoreFunction = Literal["softmax", "sigmoid", "topk_softmax"]
@@ -101,7 +102,7 @@ class TransformersAdapter(core.Adapter):
         return install_hooks(self.patches)
 
     def attach(self, controller: Any, model: Any, **options: Any) -> Attachment:
-        """Give ``controller`` the routers of ``model`` (installs the router hooks if needed).
+        """Give ``controller`` the routers of ``model`` (call :func:`install` first).
 
         Checks the model's E and top-k against the controller's, and its score function against
         ``score_function`` when given (routes recorded from a sigmoid router mean nothing to a
@@ -119,6 +120,17 @@ class TransformersAdapter(core.Adapter):
         found = super().attach(controller, model, **options)
         assert isinstance(found, Attachment)
         return found
+
+    def _attach_before_install(self) -> None:
+        """Earlier releases installed the hooks here; kept for one release."""
+        warnings.warn(
+            "rr_transformers.attach() before rr_transformers.install() is deprecated: call "
+            "rr_transformers.install() first, as every rr adapter requires (this release still "
+            "installs the hooks here; the next raises rr_core.adapters.NotInstalledError)",
+            DeprecationWarning,
+            stacklevel=5,  # the caller of attach()
+        )
+        self.install()
 
     def _attach(
         self,
@@ -141,11 +153,15 @@ class TransformersAdapter(core.Adapter):
                 f"{family.model_type} routers score with {family.score!r}; the routes were "
                 f"recorded with {score_function!r}"
             )
-        self.install()
-        if not hooked(family):
-            raise WalkError(f"the {family.model_type} router hook is not installed")
+        if not hooked(family):  # install() was called (the base checks): a re-patch since
+            raise WalkError(
+                f"the {family.model_type} router hook is no longer in place (another patch "
+                "replaced it after rr_transformers.install()); call rr_transformers.install() "
+                "again"
+            )
         layers = decoder_layers(model)
         pairs = _routers(layers, family)
+        prove_hooks(controller, model, pairs)  # the hooks take on this model, or it raises
         routed = controller.attach(model, walk=lambda _model: pairs)
         guard_decoder(model, model.get_decoder(), controller)
         return Attachment(
