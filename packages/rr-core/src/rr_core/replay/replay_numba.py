@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from rr_core import kernels
+from rr_core.errors import ReplayError
 
 _KERNEL: list[Callable[..., None]] = []
 #: The id dtypes the pass reads (numpy views of the armed tensor).
@@ -40,7 +41,10 @@ def _build() -> Callable[..., None]:
             if not masked or mask_T[t]:
                 r = rows_T[t] if by_rows else t
                 for k in range(k_slots):
-                    ids_TK[t, k] = routes_RLK[r, slot, k]
+                    v = routes_RLK[r, slot, k]
+                    if v < 0 or v >= e_experts:  # the gather would read out of bounds
+                        return t
+                    ids_TK[t, k] = v
                 continue
             # native: insertion into the K best so far (a strictly better score moves past an
             # equal one, so ties keep the lower id first; NaN is better than any number)
@@ -63,6 +67,7 @@ def _build() -> Callable[..., None]:
                 best[j] = v
                 ids_TK[t, j] = e
                 n = min(n + 1, k_slots)
+        return -1
 
     return kernels.compile_kernel(replay_ids)  # type: ignore[no-any-return]
 
@@ -84,9 +89,10 @@ def replay_ids_cpu(
     """int64 ``[T, k]`` ids: ``routes_RLK[rows_T[t], slot]`` (row t when ``rows_T`` is None)
     where ``mask_T`` holds (every row when None), the top-k of ``scores_TE[t]`` elsewhere,
     slot 0 scoring highest. Arrays on the host: scores ``[T, E]`` float32 / float64, armed ids
-    checked for the rows that replay, an int64 row index into them, a bool mask."""
+    checked for the rows that replay, an int64 row index into them, a bool mask. An armed id
+    outside ``[0, E)`` raises :class:`ReplayError` (never an id the gather cannot take)."""
     ids_TK = np.empty((scores_TE.shape[0], k), dtype=np.int64)
-    _kernel()(
+    bad = _kernel()(
         scores_TE,
         routes_RLK,
         slot,
@@ -94,4 +100,14 @@ def replay_ids_cpu(
         kernels.EMPTY_BOOL if mask_T is None else mask_T,  # every row replays
         ids_TK,
     )
+    if bad >= 0:  # as the torch path's gather, answered as it answers: by name
+        e = scores_TE.shape[1]
+        row = int(bad if rows_T is None else rows_T[bad])
+        ids = routes_RLK[row, slot].tolist()
+        raise ReplayError(
+            f"router row {bad} replays armed ids {ids}, outside [0, {e}): ids armed without "
+            "a check here (validate=False) were not in range, or a checked batch was edited "
+            "after it was armed. Arm with validate=True, or validate the routes where they "
+            "are captured"
+        )
     return ids_TK
