@@ -8,7 +8,7 @@ slots, K top-k.
 from __future__ import annotations
 
 import types
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -107,12 +107,14 @@ class ArmedTargets:
         # slot maps by the routes' layer numbers, for the attached layers (cleared on attach)
         self._slot_maps: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._last_layers: tuple[object, tuple[int, ...]] = (object(), ())  # (as passed, checked)
+        #: ``get(microbatch)``: the targets armed for it, or None (the dict's own lookup, no
+        #: Python frame: every replaying router call asks)
+        self.get: Callable[[Hashable], Armed | None] = self._armed.get
 
     def arm(
         self,
         microbatch: Hashable,
         routes_TLK: torch.Tensor,
-        *,
         layer_numbers: Sequence[int],
         replay_mask_T: torch.Tensor | None,
         rows_T: torch.Tensor | None,
@@ -122,7 +124,8 @@ class ArmedTargets:
         num_experts: int,
         top_k: int,
     ) -> None:
-        """Check and keep one micro-batch's targets (see :meth:`ReplayController.arm`)."""
+        """Check and keep one micro-batch's targets (see :meth:`ReplayController.arm`; the
+        controller passes its arguments in this order, without building keywords)."""
         check_hashable(microbatch)
         check_routes(microbatch, routes_TLK)
         if microbatch in self._armed:
@@ -203,21 +206,17 @@ class ArmedTargets:
         self.arm(
             microbatch,
             batch.values_NLK,
-            layer_numbers=meta.layer_numbers,
-            replay_mask_T=batch.valid_N,
-            rows_T=None,
-            validate=False,  # checked when the batch was (ids_validated), or by the caller
-            ids_validated=batch.ids_validated,  # on its valid rows: the rows that replay
-            layers=layers,
-            num_experts=num_experts,
-            top_k=top_k,
+            meta.layer_numbers,
+            batch.valid_N,
+            None,  # rows_T: the batch's rows are the router's
+            False,  # validate: checked when the batch was (ids_validated), or by the caller
+            batch.ids_validated,  # on its valid rows: the rows that replay
+            layers,
+            num_experts,
+            top_k,
         )
         if provenance is not None:
             self._provenance[microbatch] = dict(provenance)
-
-    def get(self, microbatch: Hashable) -> Armed | None:
-        """The targets armed for ``microbatch``, if any."""
-        return self._armed.get(microbatch)
 
     def view(self) -> Mapping[Hashable, Armed]:
         """The armed targets by micro-batch, read-only."""
@@ -234,6 +233,8 @@ class ArmedTargets:
 
     def provenance(self) -> tuple[dict[str, Any], ...]:
         """Each distinct provenance of this step's armed batches, in the order first armed."""
+        if not self._provenance:
+            return ()
         out: list[dict[str, Any]] = []
         for item in self._provenance.values():
             if item not in out:
@@ -251,8 +252,8 @@ class ArmedTargets:
 
     def end_step(self) -> None:
         """Drop every target and provenance (the slot maps stay: the model is the same)."""
-        self._armed = {}
-        self._provenance = {}
+        self._armed.clear()  # in place: ``get`` is this dict's lookup
+        self._provenance.clear()
 
     def forget_model(self) -> None:
         """A model was attached or detached: drop the targets and the slot maps of its layers."""

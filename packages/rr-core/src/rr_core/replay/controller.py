@@ -33,7 +33,7 @@ from rr_core.replay.checks import check_hashable, checked_walk
 from rr_core.replay.modes import ReplayMode, as_mode
 from rr_core.replay.owners import attached_router_count, owner_of
 from rr_core.replay.recording import Records
-from rr_core.replay.replaying import note_replay, replay_call, replayed_unchecked_ids
+from rr_core.replay.replaying import note_nothing_armed, replay_call, replayed_unchecked_ids
 from rr_core.replay.report import StepReport
 from rr_core.replay.routers import AttachedRouters
 from rr_core.replay.scope import (
@@ -171,7 +171,7 @@ class ReplayController:
         values_TE: torch.Tensor | None = None,
     ) -> TopK:
         """Top-k for one attached router according to its mode (see :func:`router_topk`)."""
-        entry = self._routers.entry(router)
+        entry = self._routers.entry(id(router))
         if entry is None:
             raise ReplayError(
                 "route() called with a router that is not attached to this controller"
@@ -197,8 +197,8 @@ class ReplayController:
                 top_k=self.top_k,
             )
         armed = self._targets.get(microbatch)
-        note_replay(armed)
         if armed is None:
+            note_nothing_armed()
             message = (
                 f"layer {layer} fired in REPLAY for micro-batch {microbatch!r} but nothing is "
                 f"armed for it (armed: {sorted(map(repr, self._targets.microbatches()))}); arm "
@@ -215,18 +215,19 @@ class ReplayController:
             backward,
             scores_TE,
             values_TE,
+            shape[0],
             armed,
             self._agreement if self.measure_agreement else None,
-            exact=self.measure_agreement == "exact",
-            num_experts=self.num_experts,
-            top_k=self.top_k,
+            self.measure_agreement == "exact",
+            self.num_experts,
+            self.top_k,
         )
 
     def replay_mask(self, router: nn.Module) -> torch.Tensor | None:
         """The replay mask in effect for ``router``'s current call (rows marked False route
         natively), for statistics that must skip rows the rollout never routed (C4). None when
         every row is replayed, the router is not replaying, or nothing is armed."""
-        entry = self._routers.entry(router)
+        entry = self._routers.entry(id(router))
         if entry is None or entry[2] is not ReplayMode.REPLAY:
             return None
         microbatch = self._scopes.current(entry[1], in_backward())
@@ -264,14 +265,14 @@ class ReplayController:
         self._targets.arm(
             microbatch,
             routes_TLK,
-            layer_numbers=layer_numbers,
-            replay_mask_T=replay_mask_T,
-            rows_T=rows_T,
-            validate=validate,
-            ids_validated=ids_validated,
-            layers=self._routers.layers,
-            num_experts=self.num_experts,
-            top_k=self.top_k,
+            layer_numbers,
+            replay_mask_T,
+            rows_T,
+            validate,
+            ids_validated,
+            self._routers.layers,
+            self.num_experts,
+            self.top_k,
         )
 
     def arm_batch(

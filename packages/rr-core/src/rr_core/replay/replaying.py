@@ -40,9 +40,9 @@ def replayed_unchecked_ids() -> bool:
     return bool(getattr(_LATEST, "unchecked", False))
 
 
-def note_replay(armed: Armed | None) -> None:
-    """Remember for :func:`replayed_unchecked_ids` what this thread's call replays."""
-    _LATEST.unchecked = armed is not None and not armed.validated
+def note_nothing_armed() -> None:
+    """A replaying call found nothing armed: it replays no unchecked ids."""
+    _LATEST.unchecked = False
 
 
 def replay_call(
@@ -52,16 +52,18 @@ def replay_call(
     backward: bool,
     scores_TE: torch.Tensor,
     values_TE: torch.Tensor | None,
+    rows: int,
     armed: Armed,
     agreement: Agreement | None,
-    *,
     exact: bool,
     num_experts: int,
     top_k: int,
 ) -> TopK:
-    """Router ``index`` (on ``layer``) replays ``armed``; ``agreement`` (None: not measured)
-    counts a forward call's rows, by a second top-k where ``exact``."""
-    rows = scores_TE.shape[0]
+    """Router ``index`` (on ``layer``) replays ``armed`` over the ``rows`` rows of its scores;
+    ``agreement`` (None: not measured) counts a forward call's rows, by a second top-k where
+    ``exact``. (Positional arguments, in this order: a router call passes them without building
+    keywords, and ``rows`` as it read them: each tensor attribute read is a call.)"""
+    _LATEST.unchecked = not armed.validated
     if armed.rows != rows:
         raise ReplayError(
             f"layer {layer}, micro-batch {microbatch!r}: router sees {rows} "

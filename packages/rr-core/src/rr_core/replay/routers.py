@@ -6,7 +6,7 @@ its index, layer and mode in one lookup.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from torch import nn
 
@@ -27,8 +27,11 @@ class AttachedRouters:
         self._layers: tuple[int, ...] = ()
         self._position: dict[int, int] = {}  # layer number -> walk index
         self._modes: list[ReplayMode] = []
-        self._entries: dict[int, Entry] = {}  # id(router) -> its entry, rebuilt on a mode change
+        self._entries: dict[int, Entry] = {}  # id(router) -> its entry, refilled on a mode change
         self._attached = False
+        #: ``entry(id(router))``: ``(walk index, layer, mode)`` of an attached router, None for
+        #: any other. The dict's own lookup: a router call pays no Python frame for it.
+        self.entry: Callable[[int], Entry | None] = self._entries.get
 
     def attach(self, walked: Sequence[tuple[int, nn.Module]], owner: RouteOwner) -> None:
         """Own the walked ``(layer, router)`` pairs (ascending layers), all in mode OFF."""
@@ -55,7 +58,8 @@ class AttachedRouters:
             if OWNERS.get(router) is owner:
                 del OWNERS[router]
         self._routers, self._layers, self._modes = [], (), []
-        self._position, self._entries = {}, {}
+        self._position = {}
+        self._entries.clear()
         self._attached = False
 
     @property
@@ -86,10 +90,6 @@ class AttachedRouters:
             index = self._indices_of([layer])[0]
         return self._modes[index]
 
-    def entry(self, router: nn.Module) -> Entry | None:
-        """``(walk index, layer, mode)`` of an attached router, None for any other."""
-        return self._entries.get(id(router))
-
     def walk_index(self) -> Mapping[int, int]:
         """``id(router) -> walk index`` of the attached routers, read-only."""
         return {key: entry[0] for key, entry in self._entries.items()}
@@ -102,7 +102,6 @@ class AttachedRouters:
         return [self._position[layer] for layer in layers]
 
     def _rebuild_entries(self) -> None:
-        self._entries = {
-            id(router): (i, self._layers[i], self._modes[i])
-            for i, router in enumerate(self._routers)
-        }
+        self._entries.clear()  # in place: ``entry`` is this dict's lookup
+        entries = zip(range(len(self._routers)), self._layers, self._modes, strict=True)
+        self._entries.update(zip(map(id, self._routers), entries, strict=True))

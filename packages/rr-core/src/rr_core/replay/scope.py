@@ -56,11 +56,11 @@ class MicrobatchScopes:
     def call(self, layer: int) -> tuple[Hashable, bool]:
         """``(micro-batch, in backward)`` of a router call on ``layer``; a forward call is
         remembered, so a later untracked recompute can tell which micro-batch it belongs to."""
-        backward = in_backward()
-        microbatch = self.current(layer, backward)
-        if not backward:
-            self._forward_mbs.add(microbatch)
-        return microbatch, backward
+        if torch._C._current_graph_task_id() != -1:  # in backward (see in_backward)
+            return self.current(layer, True), True
+        microbatch = DEFAULT_MICROBATCH if self._forward_mb is None else self._forward_mb
+        self._forward_mbs.add(microbatch)
+        return microbatch, False
 
     def current(self, layer: int, in_backward: bool) -> Hashable:
         """The micro-batch a call on ``layer`` belongs to now, remembering nothing."""

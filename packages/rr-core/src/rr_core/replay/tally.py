@@ -104,6 +104,8 @@ class Agreement:
     def shares(self, column: int, layers: tuple[int, ...]) -> dict[int, float]:
         """Per layer (``layers[index]``), the share of replayed rows that passed test
         ``column`` (0: same set, 1: same set in score order); layers with no row are absent."""
+        if not self._tallies:
+            return {}
         settle(self._tallies)
         self._pending_rows = 0
         return {
