@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import types
+from collections.abc import Iterator
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rr_core.patching import Patches
+from rr_core.patching import Patches, RRWrapper
 
 
 class Owner:
@@ -86,3 +89,67 @@ def test_a_wrapper_dropped_by_a_repatch_is_replaced_and_uninstall_leaves_the_rep
     assert module.op is theirs  # their re-patch stays: rr puts back what it wrapped
     assert isinstance(second, RRWrapper)
     assert not second.rr_active
+
+
+def _louder(wrapped, instance, args, kwargs):  # type: ignore[no-untyped-def]
+    return wrapped(*args, **kwargs).upper()
+
+
+def _op() -> str:
+    return "original"
+
+
+@contextlib.contextmanager
+def _loaded(**modules: dict[str, object]) -> Iterator[dict[str, types.ModuleType]]:
+    """Modules in ``sys.modules`` for one test, each holding the given names."""
+    made = {}
+    for name, names in modules.items():
+        made[name] = types.ModuleType(f"rrtest_{name}")
+        vars(made[name]).update(names)
+        sys.modules[f"rrtest_{name}"] = made[name]
+    try:
+        yield made
+    finally:
+        for name in modules:
+            sys.modules.pop(f"rrtest_{name}", None)
+
+
+def test_set_copies_hooks_every_by_name_copy_and_restore_puts_each_back() -> None:
+    def theirs(*args: object) -> str:  # another library's wrapper over the op
+        return str(_op())
+
+    with _loaded(home={"op": _op}, a={"op": _op}, b={"op": _op}, other={"op": theirs}) as m:
+        patches = Patches()
+        proxy = RRWrapper(_op, _louder, name="op")
+        assert patches.set_copies(_op, proxy, "op", within=lambda n: n.startswith("rrtest_")) == 3
+        assert [m[k].op() for k in ("home", "a", "b", "other")] == [
+            "ORIGINAL", "ORIGINAL", "ORIGINAL", "original"
+        ]  # fmt: skip
+        assert m["other"].op is theirs  # a foreign value under the name is not rr's to replace
+        assert patches.set_copies(_op, proxy, "op") == 3  # again: nothing recorded twice
+        assert len(patches) == 3
+        assert patches.restore() == 3
+        assert all(m[k].op is _op for k in ("home", "a", "b"))
+
+
+def test_set_copies_replaces_a_proxy_an_earlier_uninstall_left_passing_through() -> None:
+    """A module imported while an earlier install was in place copied that install's proxy,
+    which passes through since its uninstall: the next install must hook it again."""
+    with _loaded(home={"op": _op}) as m:
+        first = Patches()
+        old = RRWrapper(_op, _louder, name="op")
+        first.set_copies(_op, old, "op", within=lambda n: n.startswith("rrtest_"))
+        with _loaded(late={"op": old}) as late:  # imported while installed
+            first.restore()
+            assert late["late"].op() == "original"  # the stale proxy passes through
+            second = Patches()
+            new = RRWrapper(_op, _louder, name="op")
+            assert second.set_copies(_op, new, "op", within=lambda n: n.startswith("rrtest_")) == 2
+            assert late["late"].op is new
+            assert m["home"].op is new
+            assert second.restore() == 2
+            assert late["late"].op is old  # what was there goes back
+            old_active = RRWrapper(_op, _louder, name="active")
+            late["late"].op = old_active  # an active proxy (another install's) is left alone
+            assert second.set_copies(_op, new, "op", within=lambda n: n == "rrtest_late") == 0
+            assert late["late"].op is old_active

@@ -9,12 +9,16 @@ wrapper, one lock and one policy toward whoever patches after rr.
   value is still on top, the original goes back; where another library wrapped over rr's
   wrapper (it is still reachable along ``__wrapped__``), rr's wrapper is disabled in place and
   an :class:`~rr_core.RRWarning` says so; a plain value replaced since is left as it is.
+- :meth:`Patches.set_copies` covers a function other modules copied by name
+  (``from module import f``): every loaded module holding it gets rr's value, recorded like
+  any other patch.
 - :data:`PATCH_LOCK` guards all of it: adapters take it for install and uninstall, so one lock
   orders every change rr makes to foreign state.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -158,6 +162,34 @@ class Patches:
         self.set(owner, attribute, proxy)
         return proxy
 
+    def set_copies(
+        self,
+        original: Any,
+        value: Any,
+        attribute: str,
+        *,
+        within: Callable[[str], bool] | None = None,
+    ) -> int:
+        """Set ``value`` as ``attribute`` wherever a loaded module holds ``original`` under that
+        name: its own module and each ``from module import attribute`` copy in ``sys.modules``
+        (``within(module_name)`` narrows the search). A copy holding an rr proxy over
+        ``original`` that an earlier uninstall left passing through is replaced too (it would
+        never call rr again); a copy holding anything else, another library's wrapper
+        included, is left. Each replacement is recorded, so :meth:`restore` puts the copies
+        back. Returns how many modules now hold ``value``."""
+        replaced = 0
+        for module_name, module in list(sys.modules.items()):
+            own = getattr(module, "__dict__", None)
+            if not isinstance(own, dict) or (within is not None and not within(module_name)):
+                continue
+            held = own.get(attribute, _ABSENT)
+            if held is value:
+                replaced += 1
+            elif held is original or _passes_through_to(held, original):
+                self.set(module, attribute, value)
+                replaced += 1
+        return replaced
+
     def _forget_dropped(self, owner: Any, attribute: str) -> None:
         """Drop the entries of ``owner.attribute`` whose value another library replaced (rr's
         wrapper no longer reachable): their wrappers are disabled, and what is there now is
@@ -234,6 +266,17 @@ class Patches:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _passes_through_to(held: Any, original: Any) -> bool:
+    """``held`` is a chain of disabled rr proxies ending at ``original``."""
+    chain = wrapper_chain(held)
+    proxies = [as_rr_wrapper(item) for item in chain[:-1]]
+    return (
+        len(chain) > 1
+        and chain[-1] is original
+        and all(p is not None and not p.rr_active for p in proxies)
+    )
 
 
 def _put_back(entry: _Entry) -> None:

@@ -87,9 +87,7 @@ def install_gating_guard() -> bool:
             if current is None or active_rr_wrapper(current, GatingGuard) is not None:
                 continue
             guard = GatingGuard(current, _refuse_while_replaying, name=f"torch_npu.{name}")
-            for holder in list(sys.modules.values()):
-                if getattr(holder, "__dict__", {}).get(name) is current:
-                    GUARDS.set(holder, name, guard)
+            GUARDS.set_copies(current, guard, name)  # torch_npu's own and every by-name copy
     return True
 
 
