@@ -535,8 +535,8 @@ def test_altered_verl_payloads_are_rr_errors(codec: str, form: str) -> None:
 def test_a_version_that_is_not_a_string_is_a_capture_error(version: Any) -> None:
     from rr_vllm import CaptureError, vllm_flags
 
-    with pytest.raises(CaptureError, match="a vLLM version is a string"):
+    with pytest.raises(CaptureError, match="the vLLM version must be a string"):
         vllm_flags(version)
     if version is not None:  # None: the installed version
-        with pytest.raises(CaptureError, match="a vLLM version is a string"):
+        with pytest.raises(CaptureError, match="the vLLM version must be a string"):
             decode_vllm_http(VALID_HTTP, META, vllm_version=version)

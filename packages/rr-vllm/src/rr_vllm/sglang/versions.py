@@ -12,6 +12,8 @@ from rr_vllm._supported import SGLANG_FEATURES, SGLANG_SUPPORTED
 from rr_vllm.errors import CaptureError
 from rr_vllm.vllm.versions import _release
 
+_SGLANG = ("SGLang", "0.5.23")  # how a version error names the engine
+
 
 @dataclass(frozen=True, kw_only=True)
 class SglangFlags:
@@ -32,13 +34,13 @@ class SglangFlags:
     @property
     def supported(self) -> bool:
         """Inside this package's tested range (``SGLANG_SUPPORTED``)."""
-        return _release(self.version) in SpecifierSet(SGLANG_SUPPORTED)
+        return _release(self.version, *_SGLANG) in SpecifierSet(SGLANG_SUPPORTED)
 
 
 def sglang_flags(version: str) -> SglangFlags:
     """The flags of one SGLang version string such as ``'0.5.23'`` (cached per version); one
     before capture (0.5.7) raises :class:`CaptureError`."""
-    _release(version)
+    _release(version, *_SGLANG)
     flags = _sglang_flags(version)
     if not flags.capture:
         raise CaptureError(
@@ -50,5 +52,5 @@ def sglang_flags(version: str) -> SglangFlags:
 
 @functools.cache
 def _sglang_flags(version: str) -> SglangFlags:
-    release = _release(version)
+    release = _release(version, *_SGLANG)
     return feature_flags(SglangFlags, SGLANG_FEATURES, release, version=version)

@@ -19,7 +19,7 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 import torch
 
-from rr_core import RouteBatch, RouteMeta
+from rr_core import RouteBatch, RouteMeta, RRError
 from rr_core.buffers import recycled
 from rr_core.threads import over_ranges
 from rr_vllm.engine_config import EngineConfig
@@ -109,8 +109,40 @@ def decode_vllm_batch(
         opts.prompt_start if per_request is None or isinstance(per_request, int) else per_request,
         len(request_outputs),
     )
-    dtype = opts.id_dtype
     requests = [read_request(r) for r in request_outputs]
+    try:
+        return _decode_batch(requests, starts, opts)
+    except RRError as e:
+        if per_request is not None and not isinstance(per_request, int):
+            raise  # one start per request was given: the error is about those
+        implied = _implied_starts(requests, starts)
+        if implied == starts:
+            raise
+        raise EngineOutputError(
+            f"{e}. The requests' row counts say they were sent with different prompt starts "
+            f"(routed_experts_prompt_start {implied}, one per request), not {starts[0]} for "
+            f"all: pass prompt_start={implied} (one per request, in request_outputs order)"
+        ) from e
+
+
+def _implied_starts(requests: Sequence[Request], starts: list[int]) -> list[int]:
+    """Each request's prompt start as its first completion's row count implies it
+    (``P + G - 1 - rows``), where that is a start the request could be sent with."""
+    implied = list(starts)
+    for i, r in enumerate(requests):
+        for c in r.completions:
+            rows = getattr(c.rows, "shape", None)
+            if r.split or not rows:
+                continue
+            start = r.num_prompt_tokens + c.num_generated_tokens - 1 - int(rows[0])
+            if 0 <= start <= r.num_prompt_tokens:
+                implied[i] = start
+            break
+    return implied
+
+
+def _decode_batch(requests: list[Request], starts: list[int], opts: DecodeOptions) -> RouteBatch:
+    meta, dtype = opts.meta, opts.id_dtype
     flat = [(r, c, start) for r, start in zip(requests, starts, strict=True) for c in r.completions]
     if not _direct(requests, dtype):
         samples = [decode_completion(r, c, opts, prompt_start=start) for r, c, start in flat]
