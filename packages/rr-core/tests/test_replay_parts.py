@@ -8,6 +8,7 @@ import ast
 import importlib
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -132,3 +133,40 @@ def test_controller_module_keeps_its_public_names() -> None:
         warnings.simplefilter("error")
         for name in controller.__all__:
             assert getattr(controller, name) is not None
+
+
+def test_subclasses_still_read_the_one_object_controllers_names() -> None:
+    """Subclasses (a recorder that watches its routers) and adapters read ``_routers``,
+    ``_layers``, ``_index`` and ``_armed``: read-only views of the parts' state now."""
+    import torch
+    from torch import nn
+
+    from rr_core import ReplayController, ReplayMode, TopK, router_topk
+
+    class Router(nn.Module):
+        def __init__(self, layer_number: int) -> None:
+            super().__init__()
+            self.layer_number = layer_number
+
+    class Watching(ReplayController):
+        seen: ClassVar[list[tuple[int, int, bool]]] = []
+
+        def route(self, router: nn.Module, scores_TE: torch.Tensor, k: int, **kw: object) -> TopK:
+            layer = self._layers[self._index[id(router)]]
+            self.seen.append((layer, self._routers.index(router), 0 in self._armed))
+            return super().route(router, scores_TE, k)
+
+    routers = [Router(2), Router(1)]
+    controller = Watching(num_experts=4, top_k=2)
+    controller.attach(nn.ModuleList(routers))
+    try:
+        controller.set_mode(ReplayMode.REPLAY)
+        controller.arm(0, torch.tensor([[[0, 1], [2, 3]]]), layer_numbers=[1, 2])
+        for router in routers:
+            router_topk(router, torch.rand(1, 4), 2)
+        assert Watching.seen == [(2, 1, True), (1, 0, True)]
+        with pytest.raises(TypeError):
+            controller._armed[1] = controller._armed[0]  # type: ignore[index]
+        controller.end_step()
+    finally:
+        controller.detach()

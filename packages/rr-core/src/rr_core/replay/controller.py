@@ -114,7 +114,7 @@ class ReplayController:
             )
         self.num_experts, self.top_k = num_experts, top_k
         self.strict, self.measure_agreement = strict, measure_agreement
-        self._routers = AttachedRouters()
+        self._router_table = AttachedRouters()
         self._targets = ArmedTargets()
         self._scopes = MicrobatchScopes()
         self._records = Records()
@@ -137,29 +137,29 @@ class ReplayController:
             walked = walk_routers(model, is_router=is_router, scope=scope)
         else:
             walked = checked_walk(walk(model))
-        self._routers.attach(walked, self)  # refuses routers another controller holds
+        self._router_table.attach(walked, self)  # refuses routers another controller holds
         self._targets.forget_model()
         self._end_step()
-        return self._routers.layers
+        return self._router_table.layers
 
     def detach(self) -> None:
         """Release the routers (they route natively again) and drop all step state."""
-        self._routers.detach(self)
+        self._router_table.detach(self)
         self._targets.forget_model()
         self._end_step()
 
     @property
     def layer_numbers(self) -> tuple[int, ...]:
         """Global 1-based layer numbers of the attached routers, ascending."""
-        return self._routers.layers
+        return self._router_table.layers
 
     def set_mode(self, mode: ReplayMode | str, *, layers: Sequence[int] | None = None) -> None:
         """Set the mode of all attached routers, or of those on ``layers``. ``mode`` is a
         :class:`ReplayMode` or exactly its value; anything else raises :class:`ReplayError`."""
-        self._routers.set_mode(mode, layers)
+        self._router_table.set_mode(mode, layers)
 
     def mode_of(self, layer: int) -> ReplayMode:
-        return self._routers.mode_of(layer)
+        return self._router_table.mode_of(layer)
 
     # -- the router call -------------------------------------------------------------------
     def route(
@@ -171,7 +171,7 @@ class ReplayController:
         values_TE: torch.Tensor | None = None,
     ) -> TopK:
         """Top-k for one attached router according to its mode (see :func:`router_topk`)."""
-        entry = self._routers.entry(id(router))
+        entry = self._router_table.entry(id(router))
         if entry is None:
             raise ReplayError(
                 "route() called with a router that is not attached to this controller"
@@ -193,7 +193,7 @@ class ReplayController:
                 backward,
                 scores_TE,
                 values_TE,
-                layers=self._routers.layers,
+                layers=self._router_table.layers,
                 top_k=self.top_k,
             )
         armed = self._targets.get(microbatch)
@@ -227,7 +227,7 @@ class ReplayController:
         """The replay mask in effect for ``router``'s current call (rows marked False route
         natively), for statistics that must skip rows the rollout never routed (C4). None when
         every row is replayed, the router is not replaying, or nothing is armed."""
-        entry = self._routers.entry(id(router))
+        entry = self._router_table.entry(id(router))
         if entry is None or entry[2] is not ReplayMode.REPLAY:
             return None
         microbatch = self._scopes.current(entry[1], in_backward())
@@ -261,7 +261,7 @@ class ReplayController:
         replaying call then takes the compiled path that checked ids allow.
         Inputs of the wrong type, dtype or shape raise :class:`ReplayError` either way.
         """
-        self._routers.check_attached("arm")
+        self._router_table.check_attached("arm")
         self._targets.arm(
             microbatch,
             routes_TLK,
@@ -270,7 +270,7 @@ class ReplayController:
             rows_T,
             validate,
             ids_validated,
-            self._routers.layers,
+            self._router_table.layers,
             self.num_experts,
             self.top_k,
         )
@@ -288,12 +288,12 @@ class ReplayController:
         them as they are, and adapters that size buffers by K ids a row then count its rows.
         ``provenance``: where the routes came from (a record header's ``provenance``, or
         ``EngineConfig.provenance()``), shown beside the agreement in the step report."""
-        self._routers.check_attached("arm_batch")
+        self._router_table.check_attached("arm_batch")
         self._targets.arm_batch(
             microbatch,
             batch,
             provenance=provenance,
-            layers=self._routers.layers,
+            layers=self._router_table.layers,
             num_experts=self.num_experts,
             top_k=self.top_k,
         )
@@ -334,7 +334,7 @@ class ReplayController:
         return self._records.recorded(
             microbatch,
             dtype,
-            layers=self._routers.layers,
+            layers=self._router_table.layers,
             num_experts=self.num_experts,
             top_k=self.top_k,
         )
@@ -342,12 +342,12 @@ class ReplayController:
     def agreement(self) -> dict[int, float]:
         """Per layer, the share of replayed rows whose armed set equals the native set, this
         step so far. Layers that replayed no row are absent."""
-        return self._agreement.shares(0, self._routers.layers)
+        return self._agreement.shares(0, self._router_table.layers)
 
     def order_agreement(self) -> dict[int, float]:
         """Per layer, the share of replayed rows whose armed set agrees and whose ids are in
         the router's score order, this step so far."""
-        return self._agreement.shares(1, self._routers.layers)
+        return self._agreement.shares(1, self._router_table.layers)
 
     def end_step(self) -> StepReport:
         """Finish a step: report, check that every armed target was used, and clear all
@@ -359,7 +359,7 @@ class ReplayController:
             replayed_microbatches=self._targets.microbatches(),
             recorded_microbatches=self._records.microbatches(),
         )
-        unused = self._targets.unused(self._routers.layers)
+        unused = self._targets.unused(self._router_table.layers)
         self._end_step()
         if unused:
             message = f"armed targets were never used (micro-batch -> layers): {unused}"
@@ -374,17 +374,23 @@ class ReplayController:
         self._agreement.end_step()
         self._scopes.reset()
 
-    # -- read-only views for code written against the one-object controller ------------------
+    # -- read-only views of the parts' state, for subclasses and adapters written against ----
+    # -- the one-object controller (rr_fakes' rollout recorder, rr_megatron_compat.verl) -----
     @property
     def _armed(self) -> Mapping[Hashable, Armed]:
         """The armed targets by micro-batch (rr_megatron_compat.verl's router view reads them)."""
         return self._targets.view()
 
     @property
+    def _routers(self) -> list[nn.Module]:
+        """The attached routers in walk order (ascending layer)."""
+        return self._router_table.modules()
+
+    @property
     def _layers(self) -> tuple[int, ...]:
-        return self._routers.layers
+        return self._router_table.layers
 
     @property
     def _index(self) -> Mapping[int, int]:
         """id(router) -> walk index of the attached routers."""
-        return self._routers.walk_index()
+        return self._router_table.walk_index()

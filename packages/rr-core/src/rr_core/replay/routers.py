@@ -67,6 +67,10 @@ class AttachedRouters:
         """The attached routers' layer numbers, in walk order (ascending)."""
         return self._layers
 
+    def modules(self) -> list[nn.Module]:
+        """The attached routers in walk order (a copy)."""
+        return list(self._routers)
+
     def check_attached(self, method: str) -> None:
         if not self._attached:
             raise ReplayError(
