@@ -1,12 +1,19 @@
 """What the property sweeps of every package share (hypothesis): one settings profile, the junk
 that public arguments must refuse, arrays and tensors of any dtype and shape, and calls of a
 public function with every parameter drawn from them (``junk_calls``), for the entry points
-whose whole invariant on such input is "a result or an RRError, never another exception"."""
+whose whole invariant on such input is "a result or an RRError, never another exception".
+
+Junk is refused easily; the near misses users produce are not (:func:`widened`,
+:func:`json_text`, :func:`spellings`, :func:`byte_chunks`, :func:`just_past`): the same ids in
+another dtype, JSON text where a mapping goes, another spelling of a setting, a stream in the
+chunks an HTTP client yields, a limit one past its maximum. Their invariant is
+:func:`right_or_named`: the right result, or an RRError naming the argument."""
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
@@ -19,8 +26,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 __all__ = [
-    "ANYTHING", "JUNK", "SWEEP", "adapter_refuses", "arrays", "junk_calls", "public_api_tests",
-    "tensors",
+    "ANYTHING", "JUNK", "SWEEP", "adapter_refuses", "arrays", "byte_chunks", "json_text",
+    "junk_calls", "just_past", "public_api_tests", "right_or_named", "spellings", "tensors",
+    "widened",
 ]  # fmt: skip
 
 SWEEP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -148,3 +156,78 @@ def adapter_refuses(
     if not isinstance(force, bool):
         ok, _ = settles(adapter.install, force=force)
         assert not ok
+
+
+# --- near misses: plausible wrong data, not junk ------------------------------------------------
+
+#: The dtypes a tensor of ids may arrive in after a framework touched it.
+ID_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64, torch.float32, torch.float64)
+
+
+def widened(value: torch.Tensor | np.ndarray) -> st.SearchStrategy[Any]:
+    """``value``'s numbers in another dtype (widened, narrowed, or floats), as a collate, a
+    ``torch.tensor(list)`` or a JSON round trip leaves them; numpy stays numpy."""
+    if isinstance(value, np.ndarray):
+        return widened(torch.from_numpy(value)).map(lambda t: t.numpy())
+    others = [d for d in ID_DTYPES if d != value.dtype]
+    return st.sampled_from(others).map(value.to)
+
+
+def json_text(value: Any) -> st.SearchStrategy[str | bytes]:
+    """``value`` as the JSON text a caller holds instead of the parsed object: ``resp.text``,
+    ``resp.content``, a CLI flag's value (padded with whitespace)."""
+    text = json.dumps(value)
+    return st.sampled_from([text, f" {text}\n", text.encode()])
+
+
+def spellings(word: str) -> st.SearchStrategy[str]:
+    """Other spellings of an enum-like setting: case, ``-`` for ``_`` (and back), padding."""
+    forms = {
+        word.upper(),
+        word.capitalize(),
+        word.replace("_", "-"),
+        word.replace("-", "_"),
+        f" {word}",
+        f"{word} ",
+    }
+    return st.sampled_from(sorted(forms - {word}) or [word.upper()])
+
+
+def byte_chunks(raw: bytes, *, max_cuts: int = 24) -> st.SearchStrategy[list[bytes]]:
+    """``raw`` cut at any positions, as ``iter_content`` / ``aiter_bytes`` yield a body: cuts
+    mid-line and mid-character included."""
+    if len(raw) < 2:
+        return st.just([raw])
+    cuts = st.lists(st.integers(1, len(raw) - 1), unique=True, max_size=max_cuts).map(sorted)
+    return cuts.map(lambda c: [raw[a:b] for a, b in zip([0, *c], [*c, len(raw)], strict=True)])
+
+
+def just_past(limit: int) -> st.SearchStrategy[int]:
+    """Values just past an inclusive maximum (one past, a few past, twice it)."""
+    return st.sampled_from(sorted({limit + 1, limit + 2, limit + 7, 2 * limit + 1}))
+
+
+def right_or_named(
+    call: Callable[[], Any],
+    *names: str,
+    right: Callable[[Any], bool] | None = None,
+) -> Any:
+    """Run ``call``: it gives the right result (``right(result)`` holds; any result when None)
+    or raises an RRError whose message names one of ``names`` (the argument, or what is wrong
+    with it). Any other exception propagates: a foreign error fails the sweep. Returns the
+    result, or None when refused."""
+    from rr_core import RRError
+
+    refused: RRError | None = None
+    try:
+        result = call()
+    except RRError as e:
+        refused = e
+    if refused is not None:
+        text = str(refused).lower()
+        named = any(n.lower() in text for n in names)
+        assert named, f"{type(refused).__name__} names none of {names}: {refused}"
+        return None
+    if right is not None:
+        assert right(result), f"a wrong result, not refused: {result!r:.200}"
+    return result
