@@ -1,0 +1,44 @@
+"""The README's TRL section states what the code does: the one line, the TRL range, every
+patch point install() makes and the metrics rr logs (its table is test_trl_grpo's runs)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import rr_transformers.trl
+from rr_transformers.trl._supported import SUPPORTED, TESTED_TRL
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def _section() -> str:
+    text = README.read_text()
+    start = text.index("## TRL's GRPOTrainer: `rr_transformers.trl`")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_the_readme_states_the_one_line_and_the_range() -> None:
+    section = " ".join(_section().split())
+    assert "`import rr_transformers.trl; rr_transformers.trl.install()`" in section
+    assert f"(TRL `{SUPPORTED['trl']}`, tested on {TESTED_TRL};" in section
+
+
+def test_the_readme_names_every_patch_point() -> None:
+    rows = re.findall(r"^\| `([^`]+)`(?:, `([^`]+)`)? \|", _section(), flags=re.MULTILINE)
+    listed = {name for row in rows for name in row if name}
+    try:
+        hooked = set(rr_transformers.trl.install())
+    finally:
+        rr_transformers.trl.uninstall()
+    assert hooked == listed
+
+
+def test_the_readme_names_the_logged_metrics() -> None:
+    from rr_core import StepReport
+    from rr_transformers.trl._passes import _figures
+
+    figures = _figures(StepReport(agreement={2: 1.0}, order_agreement={2: 1.0}))
+    section = _section()
+    for name in [*(f"rr/train/{key}" for key in figures), "rr/seconds"]:
+        assert f"`{name}`" in section, name
