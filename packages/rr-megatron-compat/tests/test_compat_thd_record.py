@@ -194,3 +194,14 @@ def test_tokens_per_sample_packed_rows_record_and_replay_in_packed_order(megatro
                 assert torch.equal(in_packed_order, want), layer
     finally:
         controller.detach()
+    # the row order each router routed in is rr's own state, gone with uninstall
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    from rr_megatron_compat._hooks import SAMPLE_MINOR
+
+    routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+    assert routers
+    assert all(r in SAMPLE_MINOR for r in routers)
+    assert not [k for r in routers for k in vars(r) if k.startswith("_rr")]  # none on Megatron's
+    rmc.uninstall()
+    assert not any(r in SAMPLE_MINOR for r in routers)

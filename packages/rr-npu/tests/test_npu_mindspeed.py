@@ -175,6 +175,16 @@ def test_wrapper_only_registrations_are_accepted_and_replay_exactly() -> None:
         round_trip()
 
 
+def test_the_pass_through_marks_on_mindspeeds_functions_come_off_with_uninstall() -> None:
+    with mindspeed() as ms:
+        record = ms.patch(ROUTING)
+        final = record.final_patch_func
+        assert "__wrapped__" not in vars(final)  # the pass-through MindSpeed stacked keeps none
+        with installed():
+            assert final.__wrapped__ is record.orig_func  # how rr sees its hook under it
+        assert "__wrapped__" not in vars(final)
+
+
 TP_EXTEND_EP_ARGS = {"moe_permutation_async_comm": True, "moe_grouped_gemm": True}
 NEW_LINES = (0, 17)  # MindSpeed's 0.17 / 0.18 lines cannot import moe_tp_extend_ep
 

@@ -3,7 +3,9 @@ family's own signature, and never undoing a patch that is not rr's."""
 
 from __future__ import annotations
 
+import gc
 import inspect
+import weakref
 
 import pytest
 import torch
@@ -126,6 +128,19 @@ def test_attach_after_the_hooks_were_replaced_since_install_raises():
     finally:
         rr_transformers.uninstall()
         setattr(owner, attribute, ours.__wrapped__)
+
+
+def test_uninstall_leaves_no_rerouted_copy_of_a_family_function_behind():
+    """The copy of each routing function whose globals see rr's top-k lives in rr's proxy
+    only: once uninstall took the proxy out, nothing of rr's keeps the copy or its view of
+    the modeling module's namespace."""
+    owner, attribute = KNOWN_FAMILIES["qwen3_moe"].hook_site(VERSION)[:2]
+    rr_transformers.install()
+    view = weakref.ref(_current(owner, attribute)._self_rr_wrapper.rerouted.__globals__)
+    assert view() is not None
+    rr_transformers.uninstall()
+    gc.collect()
+    assert view() is None
 
 
 def test_install_refuses_a_routing_function_that_is_not_a_function():

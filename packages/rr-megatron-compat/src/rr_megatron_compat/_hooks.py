@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -75,8 +76,7 @@ def routing_wrapper(
     mode = ReplayMode.OFF if controller is None else controller.mode_of(_layer(instance))
     if mode is ReplayMode.OFF:
         return wrapped(*args, **kwargs)
-    # vars(): a module's getattr of an absent attribute raises inside (~3 us)
-    call = _Call(instance, sample_minor=vars(instance).get(_SAMPLE_MINOR))
+    call = _Call(instance, sample_minor=SAMPLE_MINOR.get(instance))
     padding_mask = _padding_mask(args, kwargs)
     count = _stats.counts_in_megatrons_place(instance, padding_mask)  # G1
     token = _CALL.set(call)
@@ -169,8 +169,11 @@ def _select_rows(
     return out.values_TK, out.ids_TK
 
 
-#: The router attribute where :func:`unflatten_wrapper` leaves its layer's last row order.
-_SAMPLE_MINOR = "_rr_sample_minor"
+#: Each router's last row order, left by :func:`unflatten_wrapper` for the router's next
+#: routing: rr's own table, not an attribute on Megatron's module (uninstall clears it).
+SAMPLE_MINOR: weakref.WeakKeyDictionary[nn.Module, tuple[int, int] | None] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def unflatten_wrapper(
@@ -184,7 +187,7 @@ def unflatten_wrapper(
     router = getattr(getattr(instance, "mlp", None), "router", None)
     if router is not None:
         order = None if mbs is None else (int(hidden_states.shape[0]), int(hidden_states.shape[1]))
-        setattr(router, _SAMPLE_MINOR, order)
+        SAMPLE_MINOR[router] = order
     return hidden_states, padding_mask, mbs
 
 

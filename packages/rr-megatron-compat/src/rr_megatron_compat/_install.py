@@ -55,6 +55,12 @@ class MegatronAdapter(Adapter):
             )
         return tuple(spec.name for spec, _ in targets)
 
+    def _uninstall(self) -> int:
+        from rr_megatron_compat._hooks import SAMPLE_MINOR
+
+        SAMPLE_MINOR.clear()  # the row orders the routers routed in, kept for the hooks only
+        return self.patches.restore()
+
     def _is_installed(self) -> bool:
         try:
             wanted = {spec.name for spec in hook_specs(megatron_line())}

@@ -94,7 +94,7 @@ class MindSpeedAdapter(Adapter):
             check_import_order()
             check_routing_not_replaced()
             check_config_signatures()
-            mark_pass_throughs()
+            mark_pass_throughs(self.patches)
             before = set(rmc.installed_hooks())
             rmc.install(force=self.force)
             manager = patch_manager()

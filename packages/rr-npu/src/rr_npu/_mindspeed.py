@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from rr_core import RRError
+from rr_core.patching import Patches
 
 PATCH_UTILS = "mindspeed.patch_utils"
 ARGS_UTILS = "mindspeed.args_utils"
@@ -69,10 +70,11 @@ def check_config_signatures() -> None:
             )
 
 
-def mark_pass_throughs() -> None:
+def mark_pass_throughs(patches: Patches) -> None:
     """Give each wrapper-only MindSpeed patch a ``__wrapped__`` (its record's ``orig_func``)
     where its wrapper left none, so rr sees its own hook under MindSpeed's pass-through (one
-    MindSpeed applied first over rr's proxy) instead of hooking the attribute twice."""
+    MindSpeed applied first over rr's proxy) instead of hooking the attribute twice. Set through
+    ``patches`` (the adapter's registry): uninstall takes the marks off MindSpeed's functions."""
     for patch in registry().values():
         final = getattr(patch, "final_patch_func", None)
         original = getattr(patch, "orig_func", None)
@@ -82,6 +84,6 @@ def mark_pass_throughs() -> None:
             continue
         if getattr(final, "__wrapped__", None) is None:
             try:
-                final.__wrapped__ = original
+                patches.set(final, "__wrapped__", original)
             except (AttributeError, TypeError):  # not a function object: leave it
                 continue

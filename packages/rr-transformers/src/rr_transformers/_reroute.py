@@ -96,15 +96,11 @@ class _Globals(dict[str, Any]):
         return self._module_globals[key]
 
 
-_GLOBALS: dict[int, _Globals] = {}  # id(module globals) -> view (kept alive by the module)
-
-
 def rerouted(function: types.FunctionType) -> types.FunctionType:
-    """A copy of ``function`` whose ``torch.topk`` calls go through :func:`_topk`."""
-    namespace = function.__globals__
-    view = _GLOBALS.get(id(namespace))
-    if view is None:
-        view = _GLOBALS[id(namespace)] = _Globals(namespace)
+    """A copy of ``function`` whose ``torch.topk`` calls go through :func:`_topk`. The copy and
+    its namespace view belong to the proxy that holds them (no table here keeps either), so
+    they go with the proxy when uninstall takes it out."""
+    view = _Globals(function.__globals__)
     copy = types.FunctionType(
         function.__code__, view, function.__name__, function.__defaults__, function.__closure__
     )
