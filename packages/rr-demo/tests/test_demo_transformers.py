@@ -50,7 +50,7 @@ def test_replay_removes_every_routing_difference_on_a_transformers_model(family:
     sizes = result.bytes_per_token
     assert sizes["set"] < sizes["packed"] < sizes["raw"]
     assert result.train_loss_with_replay > 0
-    assert not rr_transformers.installed()  # the demo removed the hooks it installed
+    assert not rr_transformers.is_installed()  # the demo removed the hooks it installed
 
 
 def test_the_layers_are_the_routed_decoder_layers() -> None:
@@ -84,7 +84,7 @@ def test_hooks_installed_before_the_demo_stay_installed() -> None:
     rr_transformers.install()
     try:
         run_demo(TransformersDemoConfig(batch=1, new_tokens=2))
-        assert rr_transformers.installed()
+        assert rr_transformers.is_installed()
     finally:
         rr_transformers.uninstall()
 

@@ -39,12 +39,12 @@ def test_install_wraps_each_family_once_keeping_its_signature():
         assert proxy.__wrapped__ is originals[name]
         assert proxy.family is KNOWN_FAMILIES[name]
         assert inspect.signature(proxy) == inspect.signature(originals[name])
-    assert rr_transformers.installed()
+    assert rr_transformers.is_installed()
     assert rr_transformers.uninstall() == len(FAMILIES)
     assert rr_transformers.uninstall() == 0
     for name, (owner, attribute) in _sites().items():
         assert _current(owner, attribute) is originals[name]
-    assert not rr_transformers.installed()
+    assert not rr_transformers.is_installed()
 
 
 def test_uninstall_leaves_a_patch_made_over_rr_and_install_wraps_it():
@@ -58,7 +58,7 @@ def test_uninstall_leaves_a_patch_made_over_rr_and_install_wraps_it():
 
     setattr(owner, attribute, theirs)
     try:
-        assert not rr_transformers.installed()
+        assert not rr_transformers.is_installed()
         rr_transformers.uninstall()
         assert _current(owner, attribute) is theirs  # not rr's: kept
         rr_transformers.install()
@@ -143,6 +143,17 @@ def test_uninstall_leaves_no_rerouted_copy_of_a_family_function_behind():
     assert view() is None
 
 
+def test_the_name_of_earlier_releases_still_answers_with_a_warning():
+    rr_transformers.install()
+    try:
+        with pytest.warns(DeprecationWarning, match=r"call rr_transformers.is_installed\(\)"):
+            assert rr_transformers.installed() is True
+    finally:
+        rr_transformers.uninstall()
+    with pytest.warns(DeprecationWarning, match=r"rr_transformers.installed\(\) is deprecated"):
+        assert rr_transformers.installed() is False
+
+
 def test_install_refuses_a_routing_function_that_is_not_a_function():
     owner, attribute = _sites()[FAMILIES[0]]
     original = _current(owner, attribute)
@@ -194,7 +205,7 @@ class InstallMachine(RuleBasedStateMachine):
 
     @invariant()
     def installed_means_proxies_in_place(self) -> None:
-        if rr_transformers.installed():
+        if rr_transformers.is_installed():
             for owner, attribute in _sites().values():
                 assert isinstance(_current(owner, attribute), RouterTopkProxy)
 

@@ -23,7 +23,7 @@ def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(blocks) == 1
     exec(compile(blocks[0], str(README), "exec"), {"__name__": "readme"})
     assert capsys.readouterr().out == "qwen3_moe (1, 2)\nTrue\nTrue\n"
-    assert not rr_transformers.installed()
+    assert not rr_transformers.is_installed()
 
 
 def test_readme_states_the_version_data() -> None:

@@ -57,7 +57,7 @@ def open_trainer(
         raise UnknownDemoFamilyError(
             f"no demo model for family {cfg.family!r}; choose one of {', '.join(families)}"
         )
-    already = rr_transformers.installed()
+    already = rr_transformers.is_installed()
     rr_transformers.install()
     try:
         if checkpoint is not None:

@@ -179,5 +179,14 @@ class TransformersAdapter(core.Adapter):
 ADAPTER = TransformersAdapter()
 
 install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()
-#: The name of earlier releases (``is_installed`` in every adapter).
-installed = ADAPTER.is_installed
+
+
+def installed() -> bool:
+    """Deprecated (one release): the name of earlier releases of :func:`is_installed`."""
+    warnings.warn(
+        "rr_transformers.installed() is deprecated: call rr_transformers.is_installed(), the "
+        "name every rr adapter uses",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return ADAPTER.is_installed()
