@@ -1,6 +1,10 @@
-"""The pieces every package's ``conftest.py`` shares: the one leak check (a fixture that fails a
-test leaving routers attached or an adapter's patches in place), and skipping a folder's tests
-when what they need is not installed."""
+"""The pieces every package's tests share: the one leak check (a fixture that fails a test
+leaving routers attached or an adapter's patches in place), and skipping a folder's tests when
+what they need is not installed.
+
+This module is a pytest plugin (the ``pytest11`` entry point ``rr-leak-check``): wherever
+rr-fakes is installed, every test pytest runs gets the leak check, in folders without a
+``conftest.py`` too; ``-p no:rr-leak-check`` turns it off."""
 
 from __future__ import annotations
 
