@@ -437,6 +437,7 @@ NPU_LINES: tuple[str, ...] = NPU_DATA["MEGATRON_LINES"]
 NPU_TESTS = [
     PACKAGES / "rr-npu" / "tests" / "test_npu_mindspeed.py",
     PACKAGES / "rr-npu" / "tests" / "test_npu_readme.py",
+    PACKAGES / "rr-npu" / "tests" / "test_npu_protocol.py",  # the adapter protocol on Megatron
     PACKAGES / "rr-fakes" / "tests" / "test_fakes_mindspeed.py",
 ]
 

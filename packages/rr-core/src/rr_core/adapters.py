@@ -201,7 +201,7 @@ class Installer(_Named, ABC):
         may still wait for the framework to be loaded, or have been dropped by a re-patch)."""
         return self._requested
 
-    def module_functions(self) -> InstallerFunctions | ModuleFunctions:
+    def module_functions(self) -> InstallerFunctions:
         """The methods, bound, for a package to expose as its module functions:
         ``install, uninstall, is_installed = ADAPTER.module_functions()``."""
         return InstallerFunctions(self.install, self.uninstall, self.is_installed)
@@ -246,7 +246,7 @@ class Attacher(_Named, ABC):
         check_controller(controller, f"{self.module}.detach")
         self._detach(controller)
 
-    def module_functions(self) -> AttacherFunctions | ModuleFunctions:
+    def module_functions(self) -> AttacherFunctions:
         """The methods, bound: ``attach, detach = ADAPTER.module_functions()``."""
         return AttacherFunctions(self.attach, self.detach)
 
@@ -266,8 +266,8 @@ class Adapter(Installer, Attacher):
             f"hooks first (before or after building the model), then attach"
         )
 
-    def module_functions(self) -> ModuleFunctions:
-        """The five methods, bound:
+    def module_functions(self) -> ModuleFunctions:  # type: ignore[override]
+        """The five methods, bound (a wider tuple than each capability's alone):
         ``install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()``."""
         return ModuleFunctions(
             self.install, self.uninstall, self.is_installed, self.attach, self.detach

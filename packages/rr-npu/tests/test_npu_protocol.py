@@ -1,0 +1,34 @@
+"""rr_npu's adapter under the protocol of :mod:`rr_core.adapters` (the contract in
+:mod:`rr_fakes.adapter_protocol`), over a real megatron-core (no MindSpeed loaded: rr_npu then
+hooks through rr_megatron_compat)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+
+import pytest
+
+import rr_megatron_compat as rmc
+import rr_npu
+from rr_fakes.adapter_protocol import AdapterContract, ProtocolCase
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None,
+    reason="needs megatron-core (the megatron sessions of the lines MindSpeed users run)",
+)
+
+
+class TestMindSpeedAdapter(AdapterContract):
+    @pytest.fixture
+    def case(self) -> Iterator[ProtocolCase]:
+        from rr_fakes.megatron import TinyGPTConfig, build_gpt, model_parallel
+
+        with model_parallel():
+            try:
+                yield ProtocolCase(
+                    rr_npu.ADAPTER,
+                    lambda: build_gpt(TinyGPTConfig(extra=rmc.replay_config_fields())),
+                )
+            finally:
+                rr_npu.uninstall()
