@@ -20,7 +20,7 @@ from rr_transformers.trl._errors import TrlReplayError
 from rr_transformers.trl._passes import set_replay
 from rr_transformers.trl._rows import ROUTES_KEY, RowRoutes
 
-install, uninstall, is_installed = INSTALLER.module_functions()
+install, uninstall, is_installed = INSTALLER.install, INSTALLER.uninstall, INSTALLER.is_installed
 
 __all__ = [
     "INSTALLER",

@@ -17,6 +17,7 @@ Patch points (all through the installer's registry, wrapt proxies that keep TRL'
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from importlib import metadata
 from typing import Any
@@ -106,8 +107,12 @@ class TrlInstaller(core.Installer):
                 f"trl {version} is outside the tested range {TRL_SPECIFIER}; "
                 "install(force=True) hooks it anyway"
             )
-        if importlib.util.find_spec("vllm") is None:
-            raise TrlReplayError("rr_transformers.trl replays vLLM's routes; vllm is not installed")
+        for needed, why in (("vllm", "vLLM's routes"), ("rr_vllm", "them decoded by rr-vllm")):
+            if importlib.util.find_spec(needed) is None:
+                raise TrlReplayError(
+                    f"rr_transformers.trl replays {why}; {needed} is not installed "
+                    "(pip install 'rr-transformers[trl]')"
+                )
 
     def _install(self, *, force: bool) -> tuple[str, ...]:
         from vllm import LLM
