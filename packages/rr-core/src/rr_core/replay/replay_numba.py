@@ -25,12 +25,12 @@ import torch
 from rr_core import kernels
 from rr_core.errors import ReplayError
 
-_KERNEL: list[Callable[..., None]] = []
+_KERNEL: list[Callable[..., int]] = []
 #: The id dtypes the pass reads (numpy views of the armed tensor).
 ID_DTYPES = frozenset({torch.uint8, torch.int16, torch.int32, torch.int64})
 
 
-def _build() -> Callable[..., None]:
+def _build() -> Callable[..., int]:
     def replay_ids(scores_TE, routes_RLK, slot, rows_T, mask_T, ids_TK):  # type: ignore[no-untyped-def]
         t_rows, e_experts = scores_TE.shape
         k_slots = ids_TK.shape[1]
@@ -72,7 +72,7 @@ def _build() -> Callable[..., None]:
     return kernels.compile_kernel(replay_ids)  # type: ignore[no-any-return]
 
 
-def _kernel() -> Callable[..., None]:
+def _kernel() -> Callable[..., int]:
     if not _KERNEL:
         _KERNEL.append(_build())
     return _KERNEL[0]
