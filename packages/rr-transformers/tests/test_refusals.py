@@ -92,9 +92,8 @@ def test_the_order_of_earlier_releases_still_attaches_with_a_warning():
 
 @pytest.mark.parametrize(
     ("version", "match"),
-    [(None, "not installed"), (Version("4.57.6"), "4.57.6 is outside .*inline"),
-     (Version("5.30.0"), "5.30.0 is outside")],
-)  # fmt: skip
+    [(None, "not installed"), (Version("4.57.6"), "4.57.6 is outside .*inline")],
+)  # fmt: skip  (a newer release is accepted and proven at attach: test_probe.py)
 def test_releases_outside_the_range_are_refused(version, match):
     with pytest.raises(TransformersVersionError, match=match):
         check_transformers_version(version)

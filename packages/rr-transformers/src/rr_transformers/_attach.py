@@ -22,6 +22,7 @@ from rr_transformers._errors import UnknownFamilyError
 from rr_transformers._families import Family, family_of, text_config
 from rr_transformers._install import hooked, install_hooks
 from rr_transformers._packed import forget_packed, guard_decoder
+from rr_transformers._probe import prove_hooks
 from rr_transformers._versions import checked_version
 
 ScoreFunction = Literal["softmax", "sigmoid", "topk_softmax"]
@@ -160,6 +161,7 @@ class TransformersAdapter(core.Adapter):
             )
         layers = decoder_layers(model)
         pairs = _routers(layers, family)
+        prove_hooks(controller, model, pairs)  # the hooks take on this model, or it raises
         routed = controller.attach(model, walk=lambda _model: pairs)
         guard_decoder(model, model.get_decoder(), controller)
         return Attachment(

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from packaging.specifiers import SpecifierSet
-
+from rr_transformers._errors import TransformersVersionError
 from rr_transformers._families import KNOWN_FAMILIES
 from rr_transformers._supported import SUPPORTED, TRANSFORMERS_LINES
-from rr_transformers._versions import installed_transformers_version
+from rr_transformers._versions import (
+    check_transformers_version,
+    installed_transformers_version,
+    newer_than_tested,
+)
 
 
 def transformers_report() -> dict[str, Any]:
@@ -26,16 +29,27 @@ def transformers_report() -> dict[str, Any]:
     return {
         "transformers": None if version is None else str(version),
         "supported": supported,
-        "ok": None if version is None else version in SpecifierSet(supported),
+        "ok": None if version is None else _accepted(version),
+        "untested": None if version is None else newer_than_tested(version),
         "tested_lines": dict(TRANSFORMERS_LINES),
         "families": families,
     }
 
 
+def _accepted(version: Any) -> bool:
+    try:
+        check_transformers_version(version)
+    except TransformersVersionError:
+        return False
+    return True
+
+
 def render(report: dict[str, Any]) -> str:
     if report["transformers"] is None:
         return f"transformers  not installed (supported {report['supported']})"
-    verdict = "ok" if report["ok"] else "OUTSIDE THE SUPPORTED RANGE: attach refuses"
+    verdict = "ok" if report["ok"] else "REFUSED (outside the range or known to break)"
+    if report["ok"] and report["untested"]:
+        verdict = "newer than the tested lines: attach proves the hooks on each model"
     lines = [
         f"transformers  {report['transformers']}  (supported {report['supported']}): {verdict}"
     ]

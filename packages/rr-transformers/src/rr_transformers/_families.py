@@ -11,7 +11,12 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from rr_transformers._errors import UnknownFamilyError
-from rr_transformers._supported import FAMILIES, ROUTE_IN_BLOCK_METHOD
+from rr_transformers._supported import (
+    FAMILIES,
+    FAMILY_ALIASES,
+    REFUSED_FAMILIES,
+    ROUTE_IN_BLOCK_METHOD,
+)
 from rr_transformers._versions import routes_in_block
 
 
@@ -87,11 +92,19 @@ def text_config(config: Any) -> Any:
 
 
 def family_of(model: Any, version: Version) -> Family:
-    """The family of a model, from its text config's ``model_type``; refused by name when rr
-    does not know its router semantics (it is never replayed natively in silence)."""
+    """The family of a model, from its text config's ``model_type`` (or the family whose code
+    that model type runs, :data:`FAMILY_ALIASES`); refused by name when rr does not know its
+    router semantics or knows they cannot be replayed (never replayed natively in silence)."""
     config = getattr(model, "config", None)
     model_type = getattr(text_config(config), "model_type", None)
-    family = KNOWN_FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    name = FAMILY_ALIASES.get(model_type, model_type) if isinstance(model_type, str) else None
+    family = KNOWN_FAMILIES.get(name) if name is not None else None
+    if isinstance(model_type, str) and model_type in REFUSED_FAMILIES:
+        raise UnknownFamilyError(
+            f"{type(model).__name__} (model_type {model_type!r}) is refused: "
+            f"{REFUSED_FAMILIES[model_type]}; rr refuses rather than leave its routers routing "
+            "natively under replay (see `rr explain B3`)"
+        )
     if family is None:
         known = ", ".join(sorted(KNOWN_FAMILIES))
         raise UnknownFamilyError(

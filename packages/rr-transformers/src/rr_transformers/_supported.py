@@ -1,19 +1,31 @@
 """Every transformers fact of rr-transformers, as plain data with no imports: the supported
-range (``rr doctor`` reads ``SUPPORTED``, entry point ``rr.supported``), the MoE families rr
-knows with where their top-k step lives and how each computes its gate weights, and the
-releases the test sessions pin (the noxfile reads this file by path, so nox imports no torch).
+range (``rr doctor`` reads ``SUPPORTED``, entry point ``rr.supported``), the releases known to
+break, the MoE families rr knows with where their top-k step lives and how each computes its
+gate weights, the families it refuses, and the releases the test sessions pin (the noxfile
+reads this file by path, so nox imports no torch).
 
 Why 5.0 is the floor: from 5.0 every family routes in a router module of its own (or, for the
 grouped families before 5.13, in one method of the MoE block) whose top-k call rr can route;
 4.x writes the top-k inline in each sparse block's ``forward``, which rr would have to copy.
+
+Why there is no ceiling: a release newer than the newest tested line is not refused. rr warns
+once, naming the newest tested release, and ``attach`` proves the hooks on the user's model
+(:mod:`rr_transformers._probe`, which runs on tested releases too); a release known to break
+is refused by name (``KNOWN_BROKEN``).
 """
 
 from __future__ import annotations
 
-SUPPORTED: dict[str, str] = {"transformers": ">=5.0,<5.25"}
+SUPPORTED: dict[str, str] = {"transformers": ">=5.0"}
 
 #: The pinned release of each test line (newest 5.x, and 5.0, the oldest with router modules).
-TRANSFORMERS_LINES: dict[str, str] = {"5.0": "5.0.0", "5.24": "5.24.0"}
+#: The last line is the newest tested release: a newer one warns once and is proven at attach.
+TRANSFORMERS_LINES: dict[str, str] = {"5.0": "5.0.0", "5.25": "5.25.0"}
+
+#: Releases known to break replay (version specifier -> what breaks), refused by name at
+#: install and attach. None is known today: every release up to the newest line passes the
+#: transformers session.
+KNOWN_BROKEN: dict[str, str] = {}
 
 #: Per family (the text config's ``model_type``): the modeling module under
 #: ``transformers.models``, the router class, the config attributes holding E and K, and the
@@ -62,6 +74,19 @@ FAMILIES: dict[str, dict[str, object]] = {
         "module": "glm4_moe", "router": "Glm4MoeTopkRouter", "block": "Glm4MoeMoE", **_GROUPED,
     },
 }  # fmt: skip
+
+#: Model types that run a known family's modeling code under a config of their own (model type
+#: -> family). 5.25's Param2-MoE: ``Param2MoeConfig``, built as ``Glm4MoeForCausalLM`` by the
+#: auto mappings; its routers are GLM-4-MoE's (one hook site, hooked once).
+FAMILY_ALIASES: dict[str, str] = {"param2moe": "glm4_moe"}
+
+#: MoE families rr refuses by name (``model_type`` -> why), rather than calling them unknown.
+REFUSED_FAMILIES: dict[str, str] = {
+    "ergo": (
+        "ErgoTopkRouter selects with the tensor method `(scores + bias).topk(...)`, not "
+        "`torch.topk`, so rr's routed top-k never sees the choice (transformers 5.25)"
+    ),
+}
 
 #: Releases where the grouped families (those with a "block") select experts in the MoE block's
 #: ``route_tokens_to_experts(router_logits)`` and the router returns logits only; from 5.13 the

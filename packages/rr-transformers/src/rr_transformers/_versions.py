@@ -1,15 +1,30 @@
-"""The installed transformers release, checked once against the supported range."""
+"""The installed transformers release, checked once against the supported range: refused below
+the floor or when known to break, warned about (once) when newer than the newest tested line."""
 
 from __future__ import annotations
 
 import functools
+import warnings
 from importlib import metadata
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from rr_core import RRWarning
 from rr_transformers._errors import TransformersVersionError
-from rr_transformers._supported import ROUTE_IN_BLOCK, SUPPORTED
+from rr_transformers._supported import (
+    KNOWN_BROKEN,
+    ROUTE_IN_BLOCK,
+    SUPPORTED,
+    TRANSFORMERS_LINES,
+)
+
+#: The newest release a test line pins (the last line).
+NEWEST_TESTED = Version(list(TRANSFORMERS_LINES.values())[-1])
+
+
+class UntestedTransformersWarning(RRWarning):
+    """transformers is newer than the newest tested release: rr proves its hooks at attach."""
 
 
 def installed_transformers_version() -> Version | None:
@@ -20,8 +35,15 @@ def installed_transformers_version() -> Version | None:
         return None
 
 
+def newer_than_tested(version: Version) -> bool:
+    """Whether ``version`` is past the newest tested line (a patch release of it is not)."""
+    return version.release[:2] > NEWEST_TESTED.release[:2]
+
+
 def check_transformers_version(version: Version | None) -> Version:
-    """``version`` if rr supports it, else :class:`TransformersVersionError` naming it."""
+    """``version`` if rr replays on it, else :class:`TransformersVersionError` naming it: below
+    the floor, or a release known to break. A release newer than the newest tested one is
+    accepted (the caller warns; ``attach`` proves the hooks)."""
     supported = SUPPORTED["transformers"]
     if version is None:
         raise TransformersVersionError(
@@ -32,15 +54,36 @@ def check_transformers_version(version: Version | None) -> Version:
         raise TransformersVersionError(
             f"transformers {version} is outside rr-transformers' supported range {supported}: "
             "4.x computes each family's top-k inline in the sparse block's forward (no router "
-            "module to route through); newer releases are untested. Install a supported release"
+            "module to route through). Install transformers 5.0 or newer"
         )
+    for releases, why in KNOWN_BROKEN.items():
+        if SpecifierSet(releases).contains(version, prereleases=True):
+            raise TransformersVersionError(
+                f"transformers {version} is known to break routing replay ({releases}): {why}. "
+                f"Install another release (tested: {', '.join(TRANSFORMERS_LINES.values())})"
+            )
     return version
+
+
+def warn_if_untested(version: Version) -> None:
+    """An :class:`UntestedTransformersWarning` when ``version`` is newer than every test line."""
+    if newer_than_tested(version):
+        warnings.warn(
+            f"transformers {version} is newer than the newest release rr-transformers is tested "
+            f"on ({NEWEST_TESTED}); attach proves the router hooks on each model (a probe through "
+            "every router) and raises naming the layer where one does not take",
+            UntestedTransformersWarning,
+            stacklevel=3,
+        )
 
 
 @functools.cache
 def checked_version() -> Version:
-    """The installed release, checked once (:func:`check_transformers_version`)."""
-    return check_transformers_version(installed_transformers_version())
+    """The installed release, checked once (:func:`check_transformers_version`); warns once
+    when it is newer than the tested lines."""
+    version = check_transformers_version(installed_transformers_version())
+    warn_if_untested(version)
+    return version
 
 
 def routes_in_block(version: Version) -> bool:
