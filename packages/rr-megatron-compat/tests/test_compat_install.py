@@ -123,10 +123,19 @@ def test_out_of_range_version_raises_naming_it_unless_forced(
     monkeypatch.setattr("rr_megatron_compat._install.megatron_line", lambda: line)
     with pytest.raises(rmc.UnsupportedMegatronError, match=r"0\.20\.1.*>=0\.12,<0\.20"):
         rmc.install()
-    assert rmc.installed_hooks() == ()
+    assert rmc.ADAPTER.installed_hooks() == ()
     rmc.install(force=True)
     try:
-        assert rmc.installed_hooks()
+        assert rmc.ADAPTER.installed_hooks()
+    finally:
+        rmc.uninstall()
+
+
+def test_the_module_function_of_earlier_releases_still_answers_with_a_warning(cpu: None) -> None:
+    rmc.install()
+    try:
+        with pytest.warns(DeprecationWarning, match=r"ADAPTER\.installed_hooks\(\)"):
+            assert rmc.installed_hooks() == rmc.ADAPTER.installed_hooks() != ()
     finally:
         rmc.uninstall()
 

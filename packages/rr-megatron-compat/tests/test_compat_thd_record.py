@@ -140,7 +140,9 @@ def test_tokens_per_sample_flag_is_the_lines_own_fact(megatron: None) -> None:
 
     line = rmc.megatron_line()
     assert hasattr(TransformerLayer, "_maybe_unflatten_for_moe") == line.moe_unflatten_packed
-    hooked = any(name.endswith("_maybe_unflatten_for_moe") for name in rmc.installed_hooks())
+    hooked = any(
+        name.endswith("_maybe_unflatten_for_moe") for name in rmc.ADAPTER.installed_hooks()
+    )
     assert hooked == line.moe_unflatten_packed
 
 

@@ -16,7 +16,13 @@ import torch
 import rr_npu
 from rr_core import ReplayController, ReplayMode
 from rr_fakes import build_tiny_moe, emulated_torch_npu
-from rr_npu._gating import GatingGuard, gating_guard_installed, unwatch
+from rr_npu._gating import (
+    GatingGuard,
+    gating_guard_installed,
+    install_gating_guard,
+    uninstall_gating_guard,
+    unwatch,
+)
 from rr_npu_testing import in_fresh_process
 
 
@@ -30,7 +36,7 @@ def test_guard_refuses_fused_gating_while_replay_is_on() -> None:
         copier.npu_moe_gating_top_k = npu.module.npu_moe_gating_top_k  # type: ignore[attr-defined]
         sys.modules[copier.__name__] = copier
         try:
-            assert rr_npu.install_gating_guard()
+            assert install_gating_guard()
             assert gating_guard_installed()
             assert isinstance(copier.npu_moe_gating_top_k, GatingGuard)  # type: ignore[attr-defined]
             rr_npu.watch(controller)
@@ -49,13 +55,20 @@ def test_guard_refuses_fused_gating_while_replay_is_on() -> None:
         finally:
             unwatch(controller)
             controller.detach()
-            assert rr_npu.uninstall_gating_guard() == 1
+            assert uninstall_gating_guard() == 1
             sys.modules.pop(copier.__name__)
         assert not isinstance(npu.module.npu_moe_gating_top_k, GatingGuard)
         assert not isinstance(copier.npu_moe_gating_top_k, GatingGuard)  # type: ignore[attr-defined]
 
 
+def test_the_public_guard_functions_of_earlier_releases_warn_and_still_work() -> None:
+    with pytest.warns(DeprecationWarning, match=r"rr_npu.install\(\) installs"):
+        assert rr_npu.install_gating_guard() is False  # no torch_npu loaded here
+    with pytest.warns(DeprecationWarning, match=r"rr_npu.uninstall\(\) takes"):
+        assert rr_npu.uninstall_gating_guard() == 0
+
+
 def test_guard_is_a_no_op_without_torch_npu() -> None:
     assert "torch_npu" not in sys.modules
-    assert rr_npu.install_gating_guard() is False
-    assert rr_npu.uninstall_gating_guard() == 0
+    assert install_gating_guard() is False
+    assert uninstall_gating_guard() == 0

@@ -13,6 +13,7 @@ over it (no foreign patch is ever undone). ``install()`` wraps what
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 from rr_core import ReplayController, ReplayError
@@ -104,4 +105,16 @@ class MegatronAdapter(Adapter):
 ADAPTER = MegatronAdapter()
 
 install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()
-installed_hooks = ADAPTER.installed_hooks
+
+
+def installed_hooks() -> tuple[str, ...]:
+    """Deprecated (one release): ``ADAPTER.installed_hooks()``; the module functions are the
+    protocol's five alone."""
+    warnings.warn(
+        "rr_megatron_compat.installed_hooks() is deprecated: call "
+        "rr_megatron_compat.ADAPTER.installed_hooks() (the package's module functions are the "
+        "adapter protocol's install, uninstall, is_installed, attach, detach)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return ADAPTER.installed_hooks()

@@ -31,11 +31,13 @@ from ._device import (
     import_torch_npu as import_torch_npu,
     visible_devices_var as visible_devices_var,
 )
+from ._deprecated import (
+    install_gating_guard as install_gating_guard,
+    uninstall_gating_guard as uninstall_gating_guard,
+)
 from ._gating import (
     FusedGatingError as FusedGatingError,
-    install_gating_guard as install_gating_guard,
     replay_active as replay_active,
-    uninstall_gating_guard as uninstall_gating_guard,
     watch as watch,
 )
 from ._install import (

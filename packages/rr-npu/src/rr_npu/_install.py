@@ -95,7 +95,7 @@ class MindSpeedAdapter(Adapter):
             check_routing_not_replaced()
             check_config_signatures()
             mark_pass_throughs(self.patches)
-            before = set(rmc.installed_hooks())
+            before = set(rmc.ADAPTER.installed_hooks())
             rmc.install(force=self.force)
             manager = patch_manager()
             if manager is not None and not self.patches.holds(manager, "apply_patches"):
@@ -103,7 +103,7 @@ class MindSpeedAdapter(Adapter):
                     manager, "apply_patches", _reinstall_after, kind=ReinstallAfterApply
                 )
             install_gating_guard()
-            return tuple(sorted(set(rmc.installed_hooks()) - before))
+            return tuple(sorted(set(rmc.ADAPTER.installed_hooks()) - before))
 
     def _uninstall(self) -> int:
         removed = self.patches.restore()  # a manager someone re-patched since keeps theirs
