@@ -53,6 +53,7 @@ class Run:
     dtype: str
     replay: bool
     steps: list[Step]
+    provenance: dict[str, Any] | None = None
 
 
 def checkpoint(family: str) -> HFCheckpoint:
@@ -239,6 +240,7 @@ def run(
             trainer.train()
         finally:
             probe.close()
+        provenance = rr_transformers.trl.engine_provenance(trainer)
         logged = [entry for entry in trainer.state.log_history if "loss" in entry]
         for step, logs in zip(steps_seen, logged, strict=True):
             step.logp_mean = float(logs["sampling/sampling_logp_difference/mean"])
@@ -248,7 +250,7 @@ def run(
             step.agreement = float(logs.get("rr/train/agreement", float("nan")))
         del trainer, model
         gc.collect()
-    return Run(family, dtype, replay, steps_seen)
+    return Run(family, dtype, replay, steps_seen, provenance)
 
 
 #: The runs of this process, for the table of the terminal summary.

@@ -30,6 +30,9 @@ def test_grpo_steps_replay_the_engine_routes(engines: Any, family: str, dtype: s
     on = grpo_runs.run(engines, family, dtype, replay=True)
     grpo_runs.TABLE.extend([off, on])
     assert len(on.steps) == len(off.steps) == grpo_runs.STEPS
+    assert on.provenance is not None
+    assert on.provenance["engine"] == "vllm"
+    assert on.provenance["routing_precision"] == dtype  # what the engine ran, as recorded
     for step in on.steps:
         assert step.pairs > 0
         assert step.differ == 0, step  # every replayed pair used the engine's experts

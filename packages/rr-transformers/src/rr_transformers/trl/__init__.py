@@ -16,6 +16,7 @@ from rr_transformers.trl._adapter import (
     TrlInstaller,
     installed_trl_version,
 )
+from rr_transformers.trl._engine import engine_provenance
 from rr_transformers.trl._errors import TrlReplayError
 from rr_transformers.trl._passes import set_replay
 from rr_transformers.trl._rows import ROUTES_KEY, RowRoutes
@@ -29,6 +30,7 @@ __all__ = [
     "RowRoutes",
     "TrlInstaller",
     "TrlReplayError",
+    "engine_provenance",
     "install",
     "installed_trl_version",
     "is_installed",

@@ -124,3 +124,12 @@ def llm_generate(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 def engine_of(llm: Any) -> Engine | None:
     return _ENGINES.get(llm)
+
+
+def engine_provenance(trainer: Any) -> dict[str, Any] | None:
+    """Where ``trainer``'s routes come from, as rr recorded its engine at construction (the
+    vLLM release, the dtype the router ran in, speculative mode, prefix caching); None for a
+    trainer whose engine rr did not build."""
+    llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    engine = None if llm is None else _ENGINES.get(llm)
+    return None if engine is None else dict(engine.provenance)
