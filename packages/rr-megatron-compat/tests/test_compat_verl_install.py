@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import rr_megatron_compat.verl as rv
 from rr_core import AlignmentError
+from rr_megatron_compat.verl import _switch as switch
 
 VERL = importlib.util.find_spec("verl")
 pytestmark = pytest.mark.skipif(VERL is None, reason="verl is not installed")
@@ -149,7 +150,8 @@ def test_the_drop_in_is_an_rr_adapter_install_uninstall_count_and_attach(
 
     assert isinstance(rv.ADAPTER, Adapter)
     assert adapters()["verl"] is rv.ADAPTER
-    assert rv.install == rv.ADAPTER.install  # the module functions are its methods
+    assert rv.attach == rv.ADAPTER.attach  # attach / detach are the Megatron side's
+    assert rv.install is switch.install  # install is the switch of every verl side
     names = rv.install()
     try:
         assert rv.is_installed()

@@ -1,5 +1,6 @@
-"""``rr_vllm.verl.install()``: verl 0.9.1's own agent-loop and padding code, unchanged, with rr's
-compact routes between them. The engine's rows go in as verl's vLLM server hands them to its
+"""rr's verl rollout side (``rr_vllm.verl.ADAPTER``, which ``rr_megatron_compat.verl.install()``
+switches): verl 0.9.1's own agent-loop and padding code, unchanged, with rr's compact routes
+between them. The engine's rows go in as verl's vLLM server hands them to its
 agent loop; what comes out of ``left_right_2_no_padding`` is compared with verl's own path on the
 same rows (bit for bit; ``set`` sorts each row's ids), and every fault verl lets through raises.
 The model's geometry is read from real transformers configs, checked against the real models.
@@ -62,7 +63,7 @@ def verl() -> SimpleNamespace:
 
 @contextmanager
 def rr(codec: str = "packed") -> Iterator[None]:
-    rollout.install(codec=codec)
+    rollout.ADAPTER.install(codec=codec)
     try:
         yield
     finally:
@@ -323,8 +324,8 @@ def test_r2_routes_beside_rollout_routes_raise(verl: SimpleNamespace, installed:
 def test_install_is_idempotent_and_uninstall_gives_verl_back(verl: SimpleNamespace) -> None:
     worker = verl.agent_loop.AgentLoopWorker
     original = (verl.padding.left_right_2_no_padding, vars(worker)["_agent_loop_postprocess"])
-    names = rollout.install()
-    assert rollout.install() == names
+    names = rollout.ADAPTER.install()
+    assert rollout.ADAPTER.install() == names
     assert rollout.is_installed()
     assert any(n.endswith("AgentLoopWorker._agent_loop_postprocess") for n in names)
     assert rollout.uninstall() >= 2
@@ -345,11 +346,11 @@ def test_a_copy_imported_while_installed_is_hooked_again_after_a_reinstall(
     monkeypatch.setitem(sys.modules, probe.__name__, probe)
     original = verl.padding.left_right_2_no_padding
     try:
-        rollout.install()
+        rollout.ADAPTER.install()
         probe.left_right_2_no_padding = verl.padding.left_right_2_no_padding  # imported now
         rollout.uninstall()
         assert probe.left_right_2_no_padding is not original  # the stale, passing proxy
-        rollout.install()
+        rollout.ADAPTER.install()
         assert probe.left_right_2_no_padding is verl.padding.left_right_2_no_padding
     finally:
         rollout.uninstall()

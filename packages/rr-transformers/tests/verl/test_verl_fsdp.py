@@ -1,7 +1,8 @@
 """verl's real FSDP engine (FSDPEngineWithLMHead, FSDP2 on a one-rank gloo group, verl's own
-forward_backward_batch / forward_step / packing) replaying tiny transformers MoE models after
-the one line ``rr_transformers.verl.install()``: every router's ids, read off the experts
-modules, equal the armed ones on every replayed row, in the forward and in the checkpoint
+forward_backward_batch / forward_step / packing) replaying tiny transformers MoE models with
+rr's FSDP side installed (``rr_transformers.verl.ADAPTER.install()``, which the one line
+``rr_megatron_compat.verl.install()`` runs): every router's ids, read off the experts modules,
+equal the armed ones on every replayed row, in the forward and in the checkpoint
 recompute of the update, packed and padded."""
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ MICRO = 2  # sequences per micro-batch: two micro-batches, in batch order
 @pytest.fixture
 def verl_cpu() -> Iterator[None]:
     with fsdp_cpu():
-        rr_verl.install()
+        rr_verl.ADAPTER.install()
         yield
         rr_verl.uninstall()
         rr_transformers.uninstall()  # the router hooks install() put in
@@ -253,7 +254,7 @@ def test_disabled_mode_and_uninstall_route_natively(engines: list[Any]) -> None:
     for layer, calls in seen.items():
         for b, observed in enumerate(_per_sequence(calls, "packed")):
             assert torch.equal(observed, native[layer][b])
-    assert rr_verl.install() == (
+    assert rr_verl.ADAPTER.install() == (
         "FSDPEngine.forward_backward_batch",
         "FSDPEngineWithLMHead.forward_step",
     )
@@ -276,3 +277,33 @@ def test_a_controller_of_ones_own_drives_the_engine(engines: list[Any]) -> None:
 
 def test_errors_are_rr_errors() -> None:
     assert issubclass(rr_verl.VerlFSDPReplayError, RRError)
+
+
+def test_rr_figures_join_the_metrics_verl_returns(engines: list[Any]) -> None:
+    """The pass's rr/ figures in the ``metrics`` of verl's own output (which verl's worker
+    gathers and its trainer logs): every replayed row counted, and the (token, layer) pairs
+    whose native choice differs from the replayed one, checked on the first MoE layer (whose
+    input replay does not change) against the native routes."""
+    engine = fsdp_engine("qwen3_moe", mode="R3")
+    engines.append(engine)
+    native = _native(engine, "packed")
+    routes = _rollout_routes(engine, all_layers=True)
+    metrics = run_step(engine, _batch("packed", routes=routes), forward_only=True)["metrics"]
+    rows = sum(LENGTHS) - len(LENGTHS)  # every row but each sequence's last (never read)
+    assert metrics["rr/replayed_rows"] == rows
+    first = min(native)
+    differ_first = sum(
+        int(
+            not torch.equal(
+                _sets(routes[b][t : t + 1, first - 1]), _sets(native[first][b][t : t + 1])
+            )
+        )
+        for b, n in enumerate(LENGTHS)
+        for t in range(n - 1)
+    )
+    report = rr_verl.last_report(engine.module)
+    assert report is not None
+    assert round((1.0 - report.agreement[first]) * rows) == differ_first > 0
+    assert differ_first <= metrics["rr/routed_differently"] <= rows * len(native)
+    assert 0.0 <= metrics["rr/order_agreement"] <= metrics["rr/agreement"] < 1.0
+    assert metrics["rr/seconds"] > 0.0

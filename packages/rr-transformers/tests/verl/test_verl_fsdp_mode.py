@@ -107,7 +107,7 @@ def test_a_setting_of_another_shape_is_refused() -> None:
 def verl_cpu() -> Iterator[list[Any]]:
     built: list[Any] = []
     with fsdp_cpu():
-        rr_verl.install()
+        rr_verl.ADAPTER.install()
         yield built
         for engine in built:
             controller = rr_verl.controller_of(engine.module)

@@ -1,5 +1,6 @@
-"""A verl R3 step with rr on both sides and no other user code: ``rr_vllm.verl.install()`` and
-``rr_megatron_compat.verl.install()``. The engine's answers (vLLM ``RequestOutput``s, as verl's
+"""A verl R3 step with rr on both sides and no other user code: the one line
+``rr_megatron_compat.verl.install()`` (the rollout side from rr-vllm, the Megatron engine side
+from rr-megatron-compat). The engine's answers (vLLM ``RequestOutput``s, as verl's
 vLLM server reads them) go through verl 0.9.1's own agent-loop post-processing, its DataProto,
 ``to_tensordict`` and ``left_right_2_no_padding`` (the path of ``RayPPOTrainer``), into verl's
 own ``MegatronEngineWithLMHead.forward_backward_batch`` on a real GPTModel shaped like the
@@ -127,9 +128,10 @@ def trainer_batch(proto: Any, samples: int) -> Any:
 def r3_step(answers: list[Any], hf_config: Any, cfg: TinyGPTConfig, *, rr_rollout: bool) -> Any:
     """verl's R3 step on ``answers``, with rr's rollout side installed or verl's own."""
     with vh.verl_cpu(), model_parallel():
-        trainer_side.install()
         if rr_rollout:
-            rollout_side.install()
+            trainer_side.install()  # the one switch: every verl side, the rollout among them
+        else:
+            trainer_side.ADAPTER.install()  # the Megatron side alone: verl's own rollout path
         try:
             torch.manual_seed(0)
             chunks = vh.build_verl_chunks(cfg, mode="R3")

@@ -1,9 +1,15 @@
 """verl's router-replay API, backed by rr.
 
-One line switches a verl installation, without editing verl::
+One line switches every verl side rr supports, without editing verl::
 
     import rr_megatron_compat.verl
-    rr_megatron_compat.verl.install()  # before or after verl's engine module is imported
+    rr_megatron_compat.verl.install()  # before or after verl's modules are imported
+
+verl's Megatron engine here; its FSDP engine where rr-transformers is installed; its rollout
+(agent loop, trainer padding) where rr-vllm is installed. Each side is installed when the
+process imports its verl module (see :mod:`rr_megatron_compat.verl._switch`), so the same line
+works as Ray's ``worker_process_setup_hook`` in every verl worker. ``ADAPTER`` is the Megatron
+side alone.
 
 Or a verl checkout replaces its two imports::
 
@@ -59,6 +65,7 @@ from rr_megatron_compat.verl._routes import (
     merge_router_topk_indices,
     set_router_replay_data,
 )
+from rr_megatron_compat.verl._switch import Side, install, is_installed, sides, uninstall
 from rr_megatron_compat.verl._views import RouterReplay, RouterReplayAction
 
 __all__ = [
@@ -66,6 +73,7 @@ __all__ = [
     "RouterReplay",
     "RouterReplayAction",
     "RouterReplayHelper",
+    "Side",
     "align_r3_router_replay_data",
     "apply_router_replay_patch",
     "attach",
@@ -85,6 +93,7 @@ __all__ = [
     "reorder_and_merge_vpp_layers",
     "set_model_router_replay_action",
     "set_router_replay_data",
+    "sides",
     "uninstall",
 ]
 
@@ -112,10 +121,9 @@ _MEGATRON = {
     "group_limited_topk": ("megatron.core.transformer.moe.moe_utils", "group_limited_topk"),
 }
 
-#: the adapter protocol (rr_core.adapters): install / uninstall / is_installed switch verl's
-#: two modules to rr and back; attach / detach are rr_megatron_compat's (verl's models are
-#: Megatron's)
-install, uninstall, is_installed, attach, detach = ADAPTER.module_functions()
+#: install / uninstall / is_installed are the switch of every verl side (_switch); attach /
+#: detach are the Megatron side's, rr_megatron_compat's (verl's models are Megatron's)
+attach, detach = ADAPTER.attach, ADAPTER.detach
 
 # verl's helpers, rr's versions under verl's names (replaceable here: rr calls them from here)
 get_device_name = _names.get_device_name

@@ -17,13 +17,13 @@ replacement is still in place (a foreign patch over it is never undone):
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from typing import Any
 
-from rr_core import ReplayController, ReplayError
+from rr_core import ReplayController
 from rr_core.adapters import Adapter, Attachment
 from rr_core.patching import PATCH_LOCK, Patches, RRWrapper
+from rr_core.verl_release import check_verl_release
 from rr_megatron_compat.verl._chunk import release_all
 from rr_megatron_compat.verl._names import current, forget_as_installed, remember_as_installed
 from rr_megatron_compat.verl._views import register_router, replay_enabled, view_of
@@ -99,17 +99,16 @@ class VerlAdapter(Adapter):
 
     name = "verl"
     module = "rr_megatron_compat.verl"
+    #: verl's modules this side switches: rr_megatron_compat.verl.install() installs the side
+    #: when a process imports either (verl's Megatron engine imports both).
+    verl_modules = VERL_MODULES
 
     def __init__(self) -> None:
         super().__init__()
         self.originals: dict[str, Any] = {}  # verl's own object of each name rr replaced
 
     def check_dependencies(self, *, force: bool) -> None:
-        if importlib.util.find_spec("verl") is None:
-            raise ReplayError(
-                "rr_megatron_compat.verl.install() switches verl's router-replay modules to rr, "
-                "and verl is not installed (pip install verl==0.9.1 --no-deps)"
-            )
+        check_verl_release("rr's verl Megatron engine side", force=force)
 
     def registries(self) -> tuple[Patches, ...]:
         return (self.patches, _ROUTER_SWAPS)

@@ -6,16 +6,16 @@ import dataclasses
 import importlib
 from typing import Any
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 import rr_core.adapters as core
 import rr_transformers
 from rr_core import ReplayController, StepReport
+from rr_core.verl_release import VerlReleaseError, check_verl_release
 from rr_transformers.verl import _step
 from rr_transformers.verl._binding import bind, existing, unbind
 from rr_transformers.verl._errors import VerlFSDPReplayError
-from rr_transformers.verl._supported import ENGINE_MODULE, HOOKS, VERL_FSDP_SPECIFIER
+from rr_transformers.verl._supported import ENGINE_MODULE, HOOKS
 
 
 def installed_verl_version() -> Version | None:
@@ -40,6 +40,8 @@ def _forward_backward_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any)
         _step.end(instance, step, failed=True)
         raise
     _step.end(instance, step, failed=False)
+    if isinstance(output, dict) and isinstance(output.get("metrics"), dict) and step.metrics:
+        output["metrics"].update(step.metrics)  # verl's worker logs them with its own
     return output
 
 
@@ -71,15 +73,15 @@ class VerlFSDPAdapter(core.Adapter):
         super().__init__()
         self.owns_router_hooks = False  # install() put rr_transformers' hooks in: uninstall removes
 
+    #: verl's module this side hooks: rr_megatron_compat.verl.install() installs the side
+    #: when a process imports it.
+    verl_modules = (ENGINE_MODULE,)
+
     def check_dependencies(self, *, force: bool) -> None:
-        version = installed_verl_version()
-        if version is None:
-            raise VerlFSDPReplayError("rr_transformers.verl needs verl; it is not installed")
-        if not force and version not in SpecifierSet(VERL_FSDP_SPECIFIER):
-            raise VerlFSDPReplayError(
-                f"verl {version} is outside the tested range {VERL_FSDP_SPECIFIER}; "
-                "install(force=True) hooks it anyway"
-            )
+        try:
+            check_verl_release("rr's verl FSDP engine side", force=force)
+        except VerlReleaseError as error:
+            raise VerlFSDPReplayError(str(error)) from error
 
     def _install(self, *, force: bool) -> tuple[str, ...]:
         engine = importlib.import_module(ENGINE_MODULE)

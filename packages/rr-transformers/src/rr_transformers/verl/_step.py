@@ -12,6 +12,7 @@ pass: ``end_step()`` raises if an armed layer never replayed, and the report is 
 from __future__ import annotations
 
 import importlib
+import time
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from rr_transformers.verl._layout import (
     route_batch,
     route_meta,
 )
+from rr_transformers.verl._metrics import pass_metrics
 from rr_transformers.verl._mode import read_mode
 
 
@@ -39,6 +41,9 @@ class Pass:
     mode: str  # "R2" or "R3"
     record: bool
     microbatches: int = 0
+    replayed_rows: int = 0  # rows armed with routes, over the pass's micro-batches
+    seconds: float = 0.0  # time in rr's own code during the pass
+    metrics: dict[str, float] | None = None  # the pass's rr/ figures, once it ended
 
     def next_microbatch(self) -> int:
         index, self.microbatches = self.microbatches, self.microbatches + 1
@@ -120,6 +125,7 @@ def end(engine: Any, step: Pass, *, failed: bool) -> None:
     """Close the step (targets and records cleared even when the pass raised)."""
     _PASSES.pop(engine, None)
     controller = step.binding.controller
+    started = time.perf_counter()
     try:
         if failed:
             controller.strict, strict = False, controller.strict
@@ -128,7 +134,12 @@ def end(engine: Any, step: Pass, *, failed: bool) -> None:
             finally:
                 controller.strict = strict
         else:
-            step.binding.last_report = controller.end_step()
+            report = controller.end_step()
+            step.binding.last_report = report
+            step.seconds += time.perf_counter() - started
+            step.metrics = pass_metrics(
+                report, replayed_rows=step.replayed_rows, seconds=step.seconds
+            )
     finally:
         controller.set_mode(ReplayMode.OFF)
 
@@ -143,6 +154,7 @@ def _uses_packing(micro_batch: Any) -> bool:
 
 def arm(step: Pass, index: int, micro_batch: Any, device: torch.device) -> None:
     """Arm micro-batch ``index`` from its ``routed_experts`` in the order its routers see."""
+    started = time.perf_counter()
     binding = step.binding
     routed = micro_batch.get("routed_experts", None)
     if routed is None:
@@ -171,13 +183,18 @@ def arm(step: Pass, index: int, micro_batch: Any, device: torch.device) -> None:
         arm_routes(controller, index, batch, position_ids=position_ids)
     else:
         arm_routes(controller, index, batch, attention_mask=padded_attention_mask(input_ids))
+    step.replayed_rows += int(batch.valid_N.sum())
+    step.seconds += time.perf_counter() - started
 
 
 def recorded(step: Pass, index: int, micro_batch: Any) -> torch.Tensor:
     """Micro-batch ``index``'s recorded ids, jagged ``[b, j, L_moe, K]`` as verl holds them
     (the narrowest dtype that holds every id: one byte per id up to 256 experts)."""
+    started = time.perf_counter()
     controller = step.binding.controller
     ids = controller.recorded(index, dtype=narrowest_dtype(controller.num_experts))
     input_ids = micro_batch["input_ids"]
     mask = None if _uses_packing(micro_batch) else padded_attention_mask(input_ids)
-    return recorded_jagged(ids, input_ids, mask)
+    jagged = recorded_jagged(ids, input_ids, mask)
+    step.seconds += time.perf_counter() - started
+    return jagged

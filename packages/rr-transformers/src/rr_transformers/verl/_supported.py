@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-#: The tested verl line (``force=True`` at install passes another one).
-VERL_FSDP_SPECIFIER = ">=0.9.1,<0.10"
+from rr_core.verl_release import VERL_SPECIFIER
+
+#: The tested verl line (``force=True`` at install passes another one): rr's one verl policy.
+VERL_FSDP_SPECIFIER = VERL_SPECIFIER
 
 #: verl's FSDP engine module.
 ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"

@@ -21,23 +21,21 @@ returned, L decoder layers, K top-k.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import importlib.util
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
 from rr_core import AlignmentError, ReplayError, RouteMeta, decode_routes_into
-from rr_core.adapters import Adapter, Attachment
+from rr_core.adapters import Installer
 from rr_core.buffers import zeros
 from rr_core.checks import check_sequence, check_tensor, describe
 from rr_core.codecs.encoding import check_codec
 from rr_core.patching import wrapper_chain
+from rr_core.verl_release import VERL_SPECIFIER, check_verl_release
 from rr_vllm.capture import route_meta_of
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import attr, token_count
@@ -48,8 +46,8 @@ from rr_vllm.verl.routes import VERL_DTYPE, VerlRoutes, pack_for_verl
 #: The non-tensor field of verl's batch that carries each sample's compact routes.
 FIELD = "rr_routes"
 #: The verl releases whose agent loop and padding rr hooks (``install(force=True)`` passes
-#: another one).
-VERL_ROLLOUT_SPECIFIER = ">=0.9.1,<0.10"
+#: another one): rr's one verl policy.
+VERL_ROLLOUT_SPECIFIER = VERL_SPECIFIER
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
 PADDING = "verl.workers.utils.padding"
 
@@ -270,13 +268,16 @@ def _items(value: Any, size: int) -> list[Any]:
 # -- the adapter ---------------------------------------------------------------------------------
 
 
-class VerlRolloutAdapter(Adapter):
-    """verl's agent loop and its padding switched to rr's compact routes. There are no routers
-    on this side: the trainer's are attached by the trainer's adapter
-    (:mod:`rr_megatron_compat.verl`, :mod:`rr_transformers.verl`)."""
+class VerlRolloutAdapter(Installer):
+    """verl's agent loop and its padding switched to rr's compact routes. Install-only: there
+    are no routers on this side (the trainer's are attached by the trainer's adapter,
+    :mod:`rr_megatron_compat.verl` or :mod:`rr_transformers.verl`)."""
 
     name = "verl-rollout"
     module = "rr_vllm.verl"
+    #: verl's modules this side hooks: rr_megatron_compat.verl.install() installs the side when
+    #: a process imports either (the agent-loop worker, the trainer).
+    verl_modules = (AGENT_LOOP, PADDING)
 
     def __init__(self) -> None:
         super().__init__()
@@ -289,14 +290,7 @@ class VerlRolloutAdapter(Adapter):
         return super().install(force=force)
 
     def check_dependencies(self, *, force: bool) -> None:
-        if importlib.util.find_spec("verl") is None:
-            raise ReplayError(f"{self.module}.install() hooks verl, and verl is not installed")
-        version = Version(importlib.metadata.version("verl"))
-        if not force and version not in SpecifierSet(VERL_ROLLOUT_SPECIFIER):
-            raise ReplayError(
-                f"verl {version} is outside the tested range {VERL_ROLLOUT_SPECIFIER}; "
-                f"{self.module}.install(force=True) hooks it anyway"
-            )
+        check_verl_release("rr's verl rollout side", force=force)
 
     def _install(self, *, force: bool) -> tuple[str, ...]:
         if not self.patches.in_place():
@@ -318,13 +312,30 @@ class VerlRolloutAdapter(Adapter):
                     self.patches.set(module, "left_right_2_no_padding", ours)
         return tuple(f"{getattr(o, '__name__', o)}.{a}" for o, a in self.patches)
 
-    def _attach(self, *args: Any, **kwargs: Any) -> Attachment:
-        raise ReplayError(
-            "the rollout side has no routers to attach: attach the trainer's model with "
-            "rr_megatron_compat.verl or rr_transformers.verl"
-        )
-
 
 ADAPTER = VerlRolloutAdapter()
-install = ADAPTER.install
-uninstall, is_installed, attach, detach = ADAPTER.module_functions()[1:]
+uninstall, is_installed = ADAPTER.uninstall, ADAPTER.is_installed
+
+
+def install(*, force: bool = False, codec: str = "packed") -> tuple[str, ...]:
+    """Deprecated: ``rr_megatron_compat.verl.install()`` switches every verl side, this one
+    among them (``ADAPTER.install`` hooks this side alone, with its ``codec``)."""
+    warnings.warn(
+        "rr_vllm.verl.install() is deprecated and goes in the next release: "
+        "rr_megatron_compat.verl.install() switches every verl side present, the rollout among "
+        "them (rr_vllm.verl.ADAPTER.install(codec=...) hooks this side alone)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return ADAPTER.install(force=force, codec=codec)
+
+
+def attach(*args: Any, **kwargs: Any) -> Any:
+    """Deprecated (it always raised): the rollout side has no routers to attach."""
+    raise ReplayError(
+        "the rollout side has no routers to attach: attach the trainer's model with "
+        "rr_megatron_compat.verl or rr_transformers.verl"
+    )
+
+
+detach = attach

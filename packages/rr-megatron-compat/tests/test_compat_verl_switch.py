@@ -1,0 +1,140 @@
+"""``rr_megatron_compat.verl.install()``, the one switch, in a fresh interpreter with the real
+verl 0.9.1: it imports no verl module, each side present (Megatron here, FSDP from
+rr-transformers, rollout from rr-vllm) is installed exactly when the process imports its verl
+module, verl's Megatron engine imported afterwards binds rr's names, and after ``uninstall()`` a
+later import installs nothing. The per-package installs warn that they are deprecated."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("rr_transformers")
+pytest.importorskip("rr_vllm")
+
+import rr_megatron_compat.verl as rv
+
+PROBE = textwrap.dedent(
+    """
+    import json, sys, time
+    started = time.perf_counter()
+    import torch
+    out = {"torch_seconds": time.perf_counter() - started}
+    started = time.perf_counter()
+    import rr_megatron_compat.verl as rv
+    out["returned"] = list(rv.install())
+    out["hook_seconds"] = time.perf_counter() - started
+    out["verl_imported_by_install"] = sorted(m for m in sys.modules if m.split(".")[0] == "verl")
+    sides = rv.sides()
+
+    def state():
+        return {
+            name: [side.installer.is_installed(), any(m in sys.modules for m in side.verl_modules)]
+            for name, side in sides.items()
+        }
+
+    out["sides"] = sorted(sides)
+    out["steps"] = [("installed", state())]
+    rv.uninstall()
+    import verl.workers.utils.padding
+    out["imported_while_off"] = state()
+    out["returned_again"] = list(rv.install())
+    out["steps"].append(("installed again", state()))
+    import verl.workers.engine.fsdp.transformer_impl
+    out["steps"].append(("fsdp engine imported", state()))
+    from rr_fakes.megatron import megatron_cpu
+    with megatron_cpu():  # Megatron's modules import on the CPU
+        from verl.workers.engine.megatron import transformer_impl as megatron_engine
+    out["steps"].append(("megatron engine imported", state()))
+    out["engine_binds_rr"] = megatron_engine.set_router_replay_data is rv.set_router_replay_data
+    out["is_installed"] = rv.is_installed()
+    out["removed"] = rv.uninstall()
+    out["after_uninstall"] = state()
+    out["is_installed_after"] = rv.is_installed()
+    print("PROBE " + json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def probe() -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("PROBE "))
+    return dict(json.loads(line.removeprefix("PROBE ")))
+
+
+def test_install_imports_no_verl_module_and_finds_every_side(probe: dict[str, Any]) -> None:
+    assert probe["verl_imported_by_install"] == []
+    assert probe["returned"] == []  # nothing of verl's was there to patch yet
+    assert probe["sides"] == ["fsdp", "megatron", "rollout"]
+
+
+def test_each_side_is_installed_exactly_when_its_verl_module_is_imported(
+    probe: dict[str, Any],
+) -> None:
+    for step, state in probe["steps"]:
+        for side, (installed, imported) in state.items():
+            assert installed == imported, (step, side)
+    assert all(installed for installed, _ in probe["steps"][-1][1].values())
+    assert probe["is_installed"]
+
+
+def test_a_megatron_engine_imported_after_install_calls_rr(probe: dict[str, Any]) -> None:
+    assert probe["engine_binds_rr"]
+
+
+def test_an_import_after_uninstall_installs_nothing_and_install_then_hooks_it_at_once(
+    probe: dict[str, Any],
+) -> None:
+    rollout_installed, padding_imported = probe["imported_while_off"]["rollout"]
+    assert padding_imported
+    assert not rollout_installed
+    assert "verl.workers.utils.padding.left_right_2_no_padding" in probe["returned_again"]
+
+
+def test_uninstall_takes_every_side_out(probe: dict[str, Any]) -> None:
+    assert probe["removed"] > 0
+    assert not probe["is_installed_after"]
+    assert not any(installed for installed, _ in probe["after_uninstall"].values())
+
+
+def test_the_per_package_installs_are_deprecated_and_still_install() -> None:
+    import rr_transformers
+    import rr_transformers.verl as fsdp
+    import rr_vllm.verl as rollout
+
+    try:
+        with pytest.warns(DeprecationWarning, match=r"rr_megatron_compat\.verl\.install\(\)"):
+            fsdp.install()
+        with pytest.warns(DeprecationWarning, match=r"rr_megatron_compat\.verl\.install\(\)"):
+            rollout.install()
+        assert fsdp.is_installed()
+        assert rollout.is_installed()
+    finally:
+        fsdp.uninstall()
+        rr_transformers.uninstall()
+        rollout.uninstall()
+
+
+def test_the_switch_checks_verls_release_once_for_every_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.metadata
+
+    from rr_core.verl_release import VerlReleaseError
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.11.0")
+    with pytest.raises(VerlReleaseError, match=r"verl 0\.11\.0 is outside the tested range"):
+        rv.install()
+    assert not rv.is_installed()
