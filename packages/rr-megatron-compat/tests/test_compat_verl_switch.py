@@ -138,3 +138,35 @@ def test_the_switch_checks_verls_release_once_for_every_side(
     with pytest.raises(VerlReleaseError, match=r"verl 0\.11\.0 is outside the tested range"):
         rv.install()
     assert not rv.is_installed()
+
+
+def test_ray_runs_the_switch_as_each_workers_setup_hook() -> None:
+    """As a verl job states it (``ray_kwargs.ray_init.runtime_env.worker_process_setup_hook``):
+    Ray calls the switch in its worker before any task, the worker has imported no verl module,
+    and the side whose module a task then imports is in place."""
+    ray = pytest.importorskip("ray")
+
+    @ray.remote
+    def worker_state() -> dict[str, Any]:
+        import rr_megatron_compat.verl as switch_in_worker
+
+        state: dict[str, Any] = {
+            "switched": switch_in_worker.is_installed(),
+            "verl_modules": sorted(m for m in sys.modules if m.split(".")[0] == "verl"),
+        }
+        import verl.workers.utils.padding  # noqa: F401 (the trainer's padding: the rollout side)
+
+        state["rollout"] = switch_in_worker.sides()["rollout"].installer.is_installed()
+        return state
+
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"worker_process_setup_hook": "rr_megatron_compat.verl.install"},
+    )
+    try:
+        state = ray.get(worker_state.remote(), timeout=600)
+    finally:
+        ray.shutdown()
+    assert state == {"switched": True, "verl_modules": [], "rollout": True}
