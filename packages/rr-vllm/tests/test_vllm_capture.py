@@ -74,8 +74,8 @@ def test_version_flags_come_from_the_table(version: str, expected: set[str]) -> 
 
 
 def test_supported_range() -> None:
-    assert vllm_flags("0.33.0").supported
-    assert not vllm_flags("0.34.0").supported
+    assert vllm_flags("0.34.0").supported
+    assert not vllm_flags("0.35.0").supported
     assert not vllm_flags("0.13.0").supported
     with pytest.raises(CaptureError, match="cannot parse"):
         vllm_flags("not-a-version")

@@ -102,10 +102,10 @@ def test_doctor_judges_the_cpu_build_as_vllm(monkeypatch: pytest.MonkeyPatch, re
 
 
 def test_doctor_reads_the_cuda_wheel_under_its_own_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake(monkeypatch, {"vllm": "0.34.0"})
+    _fake(monkeypatch, {"vllm": "0.35.0"})
     monkeypatch.setattr(doctor, "supported_ranges", lambda: dict(SUPPORTED))
     found = {f.name: f for f in doctor.diagnose()}["vllm"]
-    assert (found.version, found.ok, found.distribution) == ("0.34.0", False, None)
+    assert (found.version, found.ok, found.distribution) == ("0.35.0", False, None)
 
 
 def test_supported_range_covers_the_cpu_build_release() -> None:

