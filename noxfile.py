@@ -22,6 +22,7 @@ from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).parent))
 from noxsupport import installer, timings
+from noxsupport import newest as newest_report
 from noxsupport.bench_report import bench_figures, bench_table
 
 # uv where nox finds it (`pip install 'nox[uv]'`), venv and pip otherwise; `-db venv` forces pip.
@@ -581,6 +582,69 @@ def transformers(session: nox.Session) -> None:
         session.run("pytest", *tests, *args)
         if not session.posargs:  # posargs name what to run
             run_ranked_tests(session, str(TRANSFORMERS_DISTRIBUTED_TESTS))
+
+
+#: The canary's dependencies in the order it moves them to the newest release the index serves
+#: (each stays moved for the next): what to install, and the adapter tests to run against it.
+def newest_plan() -> dict[str, tuple[tuple[str, ...], list[str]]]:
+    _, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
+    vllm_tests = [PACKAGES / "rr-vllm" / "tests"]
+    compat_tests = [PACKAGES / "rr-megatron-compat" / "tests"]
+    return {
+        "transformers": (
+            ("--upgrade", "transformers"),
+            selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS, *VERL_TESTS),
+        ),
+        "vllm": (
+            ("--upgrade", "--no-deps", "vllm"),
+            selection(vllm_tests, *VERL_TESTS, *SGLANG_TESTS, ENGINE_TESTS),
+        ),
+        "sglang": (("--upgrade", "--no-deps", "sglang"), [str(SGLANG_TESTS[1])]),
+        "megatron-core": (
+            (*flags, "--upgrade", "megatron-core", *extras),
+            selection(compat_tests, DISTRIBUTED_TESTS, BRIDGE_TESTS, *VERL_TESTS),
+        ),
+        "verl": (("--upgrade", "--no-deps", "verl"), [str(t) for t in VERL_TESTS]),
+    }
+
+
+@session(python="3.11", default=False)
+def newest(session: nox.Session) -> None:
+    """Canary: each dependency in turn moved to the newest release the index serves, its
+    adapter's tests run against it; one line per dependency (release, pass / FAIL, first
+    failure). ``nox -s newest -- vllm sglang`` runs those alone."""
+    plan = newest_plan()
+    chosen = session.posargs or list(plan)
+    unknown = sorted(set(chosen) - set(plan))
+    if unknown:
+        session.error(f"unknown dependencies {unknown}; choose from {list(plan)}")
+    install_verl(session)  # verl and megatron-core at their pins, and what they import
+    install_with_torch(
+        session,
+        *TRANSFORMERS_DATA["TEST_DEPS"],
+        *beside_engine(VLLM_DATA["VLLM_IMPORT_DEPS"]),
+        *VLLM_DATA["SGLANG_IMPORT_DEPS"],
+        *editable("rr-core[test]", "rr-fakes", "rr-vllm[r3v1]", "rr-transformers[test]"),
+        *editable("rr-megatron-compat", "rr-npu", "rr-demo"),
+    )
+    outcomes = []
+    for name in chosen:
+        install, tests = plan[name]
+        install_with_torch(session, *install)
+        release = session.run(
+            "python", "-c", f"import importlib.metadata as m; print(m.version({name!r}))",
+            silent=True,
+        )  # fmt: skip
+        output = session.run(
+            "pytest", *tests, "-q", "-n", "2", "--hypothesis-seed=0", "-p", "no:cacheprovider",
+            silent=True, success_codes=range(6),
+        )  # fmt: skip
+        found = newest_report.outcome(name, str(release).strip(), str(output or ""))
+        outcomes.append(found)
+        session.log(f"{name} {found.release}: {found.first_failure or 'pass'}")
+    session.log("\n" + newest_report.table(outcomes))
+    if not all(o.passed for o in outcomes):
+        session.error("the newest release of some dependency fails its adapter's tests")
 
 
 @nox.session(name="timings", venv_backend="none")

@@ -1,0 +1,45 @@
+"""The canary's report: per dependency, the release the index served, pass or fail, and the
+first failure pytest named (``nox -s newest``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One dependency's line: its newest release and how the adapter's suite did on it."""
+
+    dependency: str
+    release: str
+    passed: bool
+    first_failure: str = ""
+
+
+def first_failure(output: str) -> str:
+    """The first ``FAILED`` / ``ERROR`` line of pytest's short summary, else the last line
+    (a collection or install error)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def outcome(dependency: str, release: str, output: str) -> Outcome:
+    """The line of a pytest run whose output is ``output``: passed when its summary counts
+    passes and no failure or error (no tests collected is a failure)."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    summary = lines[-1] if lines else ""
+    passed = " passed" in summary and not any(w in summary for w in ("failed", "error"))
+    return Outcome(dependency, release, passed, "" if passed else first_failure(output))
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """One line per dependency: name, release, pass / FAIL, first failure."""
+    width = max([len(o.dependency) for o in outcomes] + [10])
+    lines = [f"{'dependency':<{width}}  {'release':<10}  result  first failure"]
+    for o in outcomes:
+        verdict = "pass" if o.passed else "FAIL"
+        lines.append(f"{o.dependency:<{width}}  {o.release:<10}  {verdict:<6}  {o.first_failure}")
+    return "\n".join(lines)
