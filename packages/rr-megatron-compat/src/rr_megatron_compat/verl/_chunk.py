@@ -220,8 +220,9 @@ def chunks_of(model: nn.Module | Sequence[nn.Module]) -> list[_Chunk]:
     out = []
     for module in modules:
         chunk = _CHUNKS.get(module)
-        if chunk is None:
-            chunk = _CHUNKS[module] = _Chunk(module)
+        if not isinstance(chunk, _Chunk):  # not attached yet (only _Chunks are registered)
+            chunk = _Chunk(module)
+            _CHUNKS[module] = chunk
             chunk.apply_actions()
         out.append(chunk)
     return out

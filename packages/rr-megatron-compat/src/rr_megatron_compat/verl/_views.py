@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import enum
 import weakref
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
 
-from rr_core import ReplayError, ReplayMode
-
-if TYPE_CHECKING:
-    from rr_megatron_compat.verl._chunk import _Chunk
+from rr_core import ReplayController, ReplayError, ReplayMode
 
 
 class RouterReplayAction(enum.Enum):
@@ -39,6 +36,31 @@ def _mode(action: RouterReplayAction | None) -> ReplayMode:
     return ReplayMode.RECORD if action is RouterReplayAction.RECORD else ReplayMode.REPLAY
 
 
+class DrivingChunk(Protocol):
+    """What a view uses of the attached chunk that drives its router
+    (:class:`rr_megatron_compat.verl._chunk._Chunk`), stated here so that this module, which the
+    chunk builds on, does not import the chunk's."""
+
+    views: list[RouterReplay]
+    layers: tuple[int, ...]
+    controller: ReplayController
+    last_mb: int | None
+
+    def apply_actions(self) -> None: ...
+
+    def set_mode(self, mode: ReplayMode) -> None: ...
+
+    def stage(self, layer: int, ids_TK: torch.Tensor, mask_T: torch.Tensor | None) -> None: ...
+
+    def staged_target(self, layer: int) -> torch.Tensor | None: ...
+
+    def recorded_last(self) -> torch.Tensor | None: ...
+
+    def end_step(self) -> None: ...
+
+    def detach(self) -> None: ...
+
+
 #: routers built with replay enabled while the patch is applied, in creation order (weakly)
 _BUILT: dict[int, weakref.ref[nn.Module]] = {}
 #: RouterReplay() objects constructed by hand (verl's routers build one each), until a walk
@@ -46,7 +68,7 @@ _BUILT: dict[int, weakref.ref[nn.Module]] = {}
 _UNBOUND: weakref.WeakValueDictionary[int, RouterReplay] = weakref.WeakValueDictionary()
 #: each router's view, and each attached module's chunk (both keyed weakly)
 _VIEWS: weakref.WeakKeyDictionary[nn.Module, RouterReplay] = weakref.WeakKeyDictionary()
-_CHUNKS: weakref.WeakKeyDictionary[nn.Module, _Chunk] = weakref.WeakKeyDictionary()
+_CHUNKS: weakref.WeakKeyDictionary[nn.Module, DrivingChunk] = weakref.WeakKeyDictionary()
 
 
 def replay_enabled(config: Any) -> bool:
@@ -112,7 +134,7 @@ class RouterReplay:
     _global_action: ClassVar[RouterReplayAction | None] = None
 
     _router: weakref.ref[nn.Module] | None
-    _chunk: _Chunk | None
+    _chunk: DrivingChunk | None
     router_replay_action: RouterReplayAction | None
 
     def __init__(self) -> None:
@@ -145,7 +167,7 @@ class RouterReplay:
     def layer_number(self) -> int:
         return int(getattr(self.router, "layer_number", 0) or 0)
 
-    def _driven(self, what: str) -> _Chunk:
+    def _driven(self, what: str) -> DrivingChunk:
         if self._chunk is None:
             raise ReplayError(
                 f"RouterReplay.{what}: the router of layer {self.layer_number} belongs to no "
