@@ -493,6 +493,7 @@ VERL_TESTS = [
     PACKAGES / "rr-fakes" / "tests" / "verl_harness",
     PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_install.py",
     PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_engine.py",
+    PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_switch.py",  # the one switch
     PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl.py",
     PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl_rollout.py",  # verl's agent loop under rr
     PACKAGES / "rr-transformers" / "tests" / "verl",  # verl's FSDP engine over transformers
