@@ -1,7 +1,8 @@
 """verl's rollout side: rr's codec payload in place of verl's int16 ``routed_experts``, and its
 expansion into the tensors verl's trainers read.
 
-``rr_vllm.verl.install()`` switches verl's agent loop and trainer padding to it (see
+``rr_megatron_compat.verl.install()`` (the one switch of every verl side; ``ADAPTER.install()``
+this side alone) switches verl's agent loop and trainer padding to it (see
 :mod:`rr_vllm.verl.rollout`); :mod:`rr_vllm.verl.routes` holds the conversions themselves
 (also exported by :mod:`rr_vllm`). verl itself is imported by ``install`` only."""
 

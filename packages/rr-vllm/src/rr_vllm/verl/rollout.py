@@ -1,4 +1,5 @@
-"""verl's rollout side through rr: :data:`ADAPTER` (``rr_vllm.verl.install()``).
+"""verl's rollout side through rr: :data:`ADAPTER`, which ``rr_megatron_compat.verl.install()``
+switches with every other verl side (``ADAPTER.install()`` installs this side alone).
 
 verl 0.9.1 widens each agent-loop sample's engine rows to int16 and pads them to
 ``[1, prompt_length + response_length, L, K]`` (``AgentLoopWorker._agent_loop_postprocess``),
