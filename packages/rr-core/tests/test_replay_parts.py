@@ -137,7 +137,8 @@ def test_controller_module_keeps_its_public_names() -> None:
 
 def test_subclasses_still_read_the_one_object_controllers_names() -> None:
     """Subclasses (a recorder that watches its routers) and adapters read ``_routers``,
-    ``_layers``, ``_index`` and ``_armed``: read-only views of the parts' state now."""
+    ``_layers``, ``_index``, ``_armed`` and ``_forward_mb``: read-only views of the parts'
+    state now."""
     import torch
     from torch import nn
 
@@ -165,6 +166,9 @@ def test_subclasses_still_read_the_one_object_controllers_names() -> None:
         for router in routers:
             router_topk(router, torch.rand(1, 4), 2)
         assert Watching.seen == [(2, 1, True), (1, 0, True)]
+        assert controller._forward_mb is None
+        with controller.microbatch(7):
+            assert controller._forward_mb == 7
         with pytest.raises(TypeError):
             controller._armed[1] = controller._armed[0]  # type: ignore[index]
         controller.end_step()

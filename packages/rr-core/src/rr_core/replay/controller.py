@@ -375,11 +375,18 @@ class ReplayController:
         self._scopes.reset()
 
     # -- read-only views of the parts' state, for subclasses and adapters written against ----
-    # -- the one-object controller (rr_fakes' rollout recorder, rr_megatron_compat.verl) -----
+    # -- the one-object controller (rr_fakes' rollout recorder, rr_megatron_compat.verl, ----
+    # -- rr_transformers' packed forward guard) -------------------------------------------
     @property
     def _armed(self) -> Mapping[Hashable, Armed]:
         """The armed targets by micro-batch (rr_megatron_compat.verl's router view reads them)."""
         return self._targets.view()
+
+    @property
+    def _forward_mb(self) -> Hashable | None:
+        """The open forward scope's micro-batch, None outside any (rr_transformers' packed
+        forward guard reads it)."""
+        return self._scopes.forward_microbatch()
 
     @property
     def _routers(self) -> list[nn.Module]:

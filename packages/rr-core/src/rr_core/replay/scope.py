@@ -77,6 +77,10 @@ class MicrobatchScopes:
             "run_microbatch) or wrap the backward in controller.backward(m)"
         )
 
+    def forward_microbatch(self) -> Hashable | None:
+        """The micro-batch of the open forward scope, None outside any."""
+        return self._forward_mb
+
     def reset(self) -> None:
         """A new step: no scope open, no micro-batch ran forward."""
         self._forward_mbs = set()
