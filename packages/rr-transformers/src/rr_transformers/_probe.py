@@ -86,15 +86,16 @@ def _quiet(model: nn.Module, decoder_layers: Sequence[nn.Module]) -> Iterator[No
         stack.enter_context(torch.random.fork_rng(devices=devices))
         for decoder_layer in decoder_layers:
             unshard = getattr(decoder_layer, "unshard", None)
-            if callable(unshard) and callable(getattr(decoder_layer, "reshard", None)):
+            reshard = getattr(decoder_layer, "reshard", None)
+            if callable(unshard) and callable(reshard):
                 unshard()  # an FSDP2 module: gather this layer's weights for the probe
-                stack.callback(decoder_layer.reshard)  # type: ignore[operator]
+                stack.callback(reshard)
         yield
 
 
 def _probe_input(model: nn.Module, router: nn.Module) -> torch.Tensor:
     """[1, T, H] hidden states from a private generator (the global RNG is not drawn from)."""
-    config = model.config
+    config: Any = model.config
     get_text = getattr(config, "get_text_config", None)
     hidden_size = int((get_text() if callable(get_text) else config).hidden_size)
     weight = next(router.parameters())
@@ -109,7 +110,9 @@ def _selected(layer: int, block: nn.Module, hidden: torch.Tensor) -> torch.Tenso
 
     def read(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("top_k_index", kwargs.get("router_indices"))
-        seen.append(args[1] if ids is None and len(args) > 1 else ids)
+        found = args[1] if ids is None and len(args) > 1 else ids
+        if isinstance(found, torch.Tensor):
+            seen.append(found)
 
     handle = block.experts.register_forward_pre_hook(read, with_kwargs=True)  # type: ignore[union-attr]
     try:
