@@ -126,3 +126,10 @@ def test_table_fails_a_worker_without_rr_and_a_missing_step(tmp_path: Path) -> N
 def test_table_fails_rows_armed_without_rr(tmp_path: Path) -> None:
     run = _run(tmp_path, rr=False, passes=[_pass(10, 10, {})] * 2)
     assert any("armed without rr" in p for p in table.check(run, table.step_rows(run)))
+
+
+def test_compare_fails_a_job_where_rr_changed_no_routing(tmp_path: Path) -> None:
+    changed = table.step_rows(_run(tmp_path, rr=True, passes=[_pass(10, 10, {"2": 0.9})] * 2))
+    assert table.compare(changed) == []
+    same = table.step_rows(_run(tmp_path, rr=True, passes=[_pass(10, 10, {"2": 1.0})] * 2))
+    assert any("no difference for rr to make" in p for p in table.compare(same))

@@ -123,6 +123,9 @@ def overrides(
     ]
     if spec.engine == "fsdp2":
         lines += [
+            # float32 weights, verl's default bfloat16 autocast in the forward: the trainer then
+            # routes some (token, layer) pairs otherwise than the float32 engine (with float32
+            # on both sides none differ here, and replay has nothing to correct)
             f"{actor}.fsdp_config.model_dtype=fp32",
             f"{actor}.fsdp_config.use_torch_compile=false",
         ]
