@@ -8,6 +8,7 @@ import inspect
 import weakref
 
 import pytest
+import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -108,6 +109,17 @@ def test_attach_before_install_still_installs_for_one_release_with_a_warning():
     finally:
         controller.detach()
         rr_transformers.uninstall()
+
+
+def test_a_refused_attach_before_install_leaves_nothing_installed():
+    controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
+    with (
+        pytest.warns(DeprecationWarning, match=r"install\(\) first"),
+        pytest.raises(WalkError, match="not an MoE family"),
+    ):
+        rr_transformers.attach(controller, torch.nn.Linear(2, 2))  # no routers: refused
+    assert not rr_transformers.is_installed()
+    assert controller.layer_numbers == ()
 
 
 def test_attach_after_the_hooks_were_replaced_since_install_raises():

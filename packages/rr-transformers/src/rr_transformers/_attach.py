@@ -117,7 +117,13 @@ class TransformersAdapter(core.Adapter):
                 stacklevel=2,
             )
             controller, model = model, controller
-        found = super().attach(controller, model, **options)
+        installing = not self.install_requested  # the deprecated install-at-attach path
+        try:
+            found = super().attach(controller, model, **options)
+        except BaseException:
+            if installing and self.install_requested:
+                self.uninstall()  # a refused attach leaves nothing installed, as it used to
+            raise
         assert isinstance(found, Attachment)
         return found
 
