@@ -31,6 +31,16 @@ CU = torch.tensor([0, 4], dtype=torch.int32)
 ZIGZAG_ARRAY = np.array(["zigzag"])
 
 
+def _attach_installed(controller: ReplayController, model: Any, **options: Any) -> Any:
+    """``rr_megatron_compat.attach`` after ``install()`` (attach before install is refused
+    first)."""
+    rmc.install()
+    try:
+        return rmc.attach(controller, model, **options)
+    finally:
+        rmc.uninstall()
+
+
 def _packed(**changes: Any) -> Any:
     fields = {
         "rows_TLK": IDS,
@@ -62,7 +72,7 @@ CASES: list[BadCall] = [
     ),
     (
         "attach capacity",
-        lambda: rmc.attach(
+        lambda: _attach_installed(
             ReplayController(num_experts=4, top_k=2), torch.nn.Linear(1, 1), capacity="x"
         ),
         rmc.ReplayConfigError,
@@ -70,7 +80,7 @@ CASES: list[BadCall] = [
     ),
     (
         "attach stats flag",
-        lambda: rmc.attach(
+        lambda: _attach_installed(
             ReplayController(num_experts=4, top_k=2),
             torch.nn.Linear(1, 1),
             ignore_unreplayed_in_stats="no",
