@@ -69,7 +69,7 @@ def kv_side(connector: Any, role: Any) -> Disaggregation:
         raise CaptureError(
             f"kv_transfer_config has kv_connector {connector!r} and kv_role {role!r}; vLLM's "
             "roles are kv_producer, kv_consumer and kv_both: the side of the prefill/decode "
-            "split this replica serves is unknown (D8)"
+            "split this replica serves is unknown (D8); see `rr explain D8`"
         )
     return side
 
