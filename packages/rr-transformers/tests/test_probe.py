@@ -174,6 +174,25 @@ def test_the_probe_leaves_nothing_behind(model_type):
     rr_transformers.detach(controller)
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_a_users_hooks_do_not_see_the_probe(model_type):
+    """Expert-load statistics kept by a user's hooks count the model's own forwards only: the
+    probe's block forwards reach no hook of the model, and every hook is still there after."""
+    model = tiny_model(model_type)
+    calls: list[str] = []
+    for name, module in model.named_modules():
+        module.register_forward_pre_hook(lambda *_args, name=name: calls.append(name))
+        module.register_forward_hook(lambda *_args, name=name: calls.append(name))
+    hooks = _hook_count(model)
+    controller = _controller()
+    rr_transformers.attach(controller, model)
+    assert calls == []
+    assert _hook_count(model) - hooks <= 1  # the packed-forward guard on the decoder, no more
+    model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert any("experts" in name for name in calls)  # the hooks are live again
+    rr_transformers.detach(controller)
+
+
 def test_re_attaching_the_same_model_proves_it_again():
     model, controller = tiny_model("qwen3_moe"), _controller()
     first = rr_transformers.attach(controller, model)

@@ -18,6 +18,7 @@ Shapes: T probe tokens, E experts, K top-k, L routed layers, H hidden size.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -52,7 +53,10 @@ def prove_hooks(
     )
     probe.attach(model, walk=lambda _model: list(pairs))
     try:
-        with _quiet(model, [layers[layer - 1] for layer, _ in pairs]):
+        with (
+            _quiet(model, [layers[layer - 1] for layer, _ in pairs]),
+            _foreign_hooks_set_aside([block for _, _, block in blocks]),
+        ):
             hidden = _probe_input(model, pairs[0][1])
             native = [_selected(layer, block, hidden) for layer, _, block in blocks]
             armed_LTK = torch.stack([_other_route(ids_TK, probe.num_experts) for ids_TK in native])
@@ -91,6 +95,27 @@ def _quiet(model: nn.Module, decoder_layers: Sequence[nn.Module]) -> Iterator[No
                 unshard()  # an FSDP2 module: gather this layer's weights for the probe
                 stack.callback(reshard)
         yield
+
+
+@contextlib.contextmanager
+def _foreign_hooks_set_aside(blocks: Sequence[nn.Module]) -> Iterator[None]:
+    """The probed blocks' own forward hooks emptied for the probe and put back after: a user's
+    hook (expert-load statistics, a tracer) must not see the probe's forwards. rr hooks no
+    module of a block, so its replay is what the probe sees."""
+    saved = [
+        (module, module._forward_pre_hooks, module._forward_hooks)
+        for block in blocks
+        for module in block.modules()
+    ]
+    for module, _, _ in saved:
+        module._forward_pre_hooks = OrderedDict()
+        module._forward_hooks = OrderedDict()
+    try:
+        yield
+    finally:
+        for module, pre_hooks, hooks in saved:
+            module._forward_pre_hooks = pre_hooks
+            module._forward_hooks = hooks
 
 
 def _probe_input(model: nn.Module, router: nn.Module) -> torch.Tensor:
