@@ -4,11 +4,12 @@ the floor or when known to break, warned about (once) when newer than the newest
 from __future__ import annotations
 
 import functools
+import importlib.util
 import warnings
 from importlib import metadata
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from rr_core import RRWarning
 from rr_transformers._errors import TransformersVersionError
@@ -28,11 +29,28 @@ class UntestedTransformersWarning(RRWarning):
 
 
 def installed_transformers_version() -> Version | None:
-    """The installed release (from package metadata; transformers is not imported), or None."""
+    """The installed release (from package metadata; transformers is not imported), or None.
+    A version that names no release ('main', 'unknown') is refused by name, and so is a
+    transformers importable without metadata (a source checkout on ``sys.path``)."""
     try:
-        return Version(metadata.version("transformers"))
+        text = metadata.version("transformers")
     except metadata.PackageNotFoundError:
-        return None
+        spec = importlib.util.find_spec("transformers")
+        if spec is None:
+            return None
+        raise TransformersVersionError(
+            f"transformers imports from {spec.origin} but is not installed (no package "
+            "metadata, so its release is unknown): a source checkout on sys.path, such as the "
+            "working directory? Install it (pip install -e <checkout>) or run elsewhere"
+        ) from None
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise TransformersVersionError(
+            f"transformers reports its version as {text!r}, which names no release, so rr "
+            "cannot tell which router code it runs. Install a release (tested: "
+            f"{', '.join(TRANSFORMERS_LINES.values())})"
+        ) from None
 
 
 def newer_than_tested(version: Version) -> bool:
