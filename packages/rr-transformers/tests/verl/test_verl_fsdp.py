@@ -8,12 +8,15 @@ recompute of the update, packed and padded."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
 import pytest
 import torch
 
 pytest.importorskip("verl")
+
+from verl.utils.torch_functional import allgather_dict_into_dict
 
 import rr_transformers
 import rr_transformers.verl as rr_verl
@@ -288,7 +291,13 @@ def test_rr_figures_join_the_metrics_verl_returns(engines: list[Any]) -> None:
     engines.append(engine)
     native = _native(engine, "packed")
     routes = _rollout_routes(engine, all_layers=True)
-    metrics = run_step(engine, _batch("packed", routes=routes), forward_only=True)["metrics"]
+    returned = run_step(engine, _batch("packed", routes=routes), forward_only=True)["metrics"]
+    # As verl's worker takes them: gathered over the data-parallel group (verl's own function),
+    # then each key's per-rank lists chained into one (engine_workers.py, train_mini_batch).
+    gathered = allgather_dict_into_dict(returned, group=engine.get_data_parallel_group())
+    metrics = {key: list(chain.from_iterable(val)) for key, val in gathered.items()}
+    assert all(len(val) == 1 for key, val in metrics.items() if key.startswith("rr/"))
+    metrics = {key: val[0] for key, val in metrics.items()}
     rows = sum(LENGTHS) - len(LENGTHS)  # every row but each sequence's last (never read)
     assert metrics["rr/replayed_rows"] == rows
     first = min(native)

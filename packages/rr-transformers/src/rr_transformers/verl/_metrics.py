@@ -3,7 +3,10 @@
 verl's engine returns ``{"model_output", "loss", "metrics"}`` from ``forward_backward_batch``;
 its training worker gathers ``metrics`` over the data-parallel ranks and the update's
 mini-batches, and its trainer logs their mean with the step's other metrics. rr adds one value
-per pass of each key, so a verl user's logger shows, per step (averaged over passes and ranks):
+per pass of each key, as a one-element list: verl's own metrics are lists (one value per
+micro-batch) and its worker flattens what it gathers over the data-parallel ranks with
+``itertools.chain``, which a bare float breaks. A verl user's logger shows, per step (averaged
+over passes and ranks):
 
 - ``rr/replayed_rows``: rows armed with routes and replayed (0 in an R2 recording pass);
 - ``rr/routed_differently``: (token, MoE layer) pairs whose own (native) routing differs from
@@ -20,7 +23,9 @@ from rr_core import StepReport
 PREFIX = "rr/"
 
 
-def pass_metrics(report: StepReport, *, replayed_rows: int, seconds: float) -> dict[str, float]:
+def pass_metrics(
+    report: StepReport, *, replayed_rows: int, seconds: float
+) -> dict[str, list[float]]:
     """The ``rr/`` metrics of a pass that replayed ``replayed_rows`` rows (per MoE layer)."""
     layers = list(report.agreement)
     figures = {"replayed_rows": float(replayed_rows), "seconds": seconds}
@@ -30,4 +35,4 @@ def pass_metrics(report: StepReport, *, replayed_rows: int, seconds: float) -> d
         figures["agreement"] = sum(report.agreement.values()) / len(layers)
         order = report.order_agreement
         figures["order_agreement"] = sum(order.get(n, 0.0) for n in layers) / len(layers)
-    return {PREFIX + name: value for name, value in figures.items()}
+    return {PREFIX + name: [value] for name, value in figures.items()}

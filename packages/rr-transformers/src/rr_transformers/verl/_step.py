@@ -43,7 +43,7 @@ class Pass:
     microbatches: int = 0
     replayed_rows: int = 0  # rows armed with routes, over the pass's micro-batches
     seconds: float = 0.0  # time in rr's own code during the pass
-    metrics: dict[str, float] | None = None  # the pass's rr/ figures, once it ended
+    metrics: dict[str, list[float]] | None = None  # the pass's rr/ figures, once it ended
 
     def next_microbatch(self) -> int:
         index, self.microbatches = self.microbatches, self.microbatches + 1
