@@ -6,11 +6,15 @@ later import installs nothing. The per-package installs warn that they are depre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +24,7 @@ pytest.importorskip("rr_transformers")
 pytest.importorskip("rr_vllm")
 
 import rr_megatron_compat.verl as rv
+from rr_fakes.shims.ray_tmp import ray_tmpdir
 
 PROBE = textwrap.dedent(
     """
@@ -140,21 +145,20 @@ def test_the_switch_checks_verls_release_once_for_every_side(
     assert not rv.is_installed()
 
 
-def test_ray_runs_the_switch_as_each_workers_setup_hook() -> None:
-    """As a verl job states it (``ray_kwargs.ray_init.runtime_env.worker_process_setup_hook``):
-    Ray calls the switch in its worker before any task, the worker has imported no verl module,
-    and the side whose module a task then imports is in place."""
-    ray = pytest.importorskip("ray")
+RAY_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    import ray
 
     @ray.remote
-    def worker_state() -> dict[str, Any]:
+    def worker_state():
         import rr_megatron_compat.verl as switch_in_worker
 
-        state: dict[str, Any] = {
+        state = {
             "switched": switch_in_worker.is_installed(),
             "verl_modules": sorted(m for m in sys.modules if m.split(".")[0] == "verl"),
         }
-        import verl.workers.utils.padding  # noqa: F401 (the trainer's padding: the rollout side)
+        import verl.workers.utils.padding  # the trainer's padding: the rollout side
 
         state["rollout"] = switch_in_worker.sides()["rollout"].installer.is_installed()
         return state
@@ -166,7 +170,43 @@ def test_ray_runs_the_switch_as_each_workers_setup_hook() -> None:
         runtime_env={"worker_process_setup_hook": "rr_megatron_compat.verl.install"},
     )
     try:
-        state = ray.get(worker_state.remote(), timeout=600)
+        print("RAY " + json.dumps(ray.get(worker_state.remote(), timeout=240)), flush=True)
     finally:
         ray.shutdown()
+    """
+)
+
+
+def test_ray_runs_the_switch_as_each_workers_setup_hook(tmp_path: Path) -> None:
+    """As a verl job states it (``ray_kwargs.ray_init.runtime_env.worker_process_setup_hook``):
+    Ray calls the switch in its worker before any task, the worker has imported no verl module,
+    and the side whose module a task then imports is in place.
+
+    The driver is a process of its own (as a job's is) in a session of its own, killed with
+    Ray's daemons if it overruns; Ray's files go outside the virtualenv (``ray_tmpdir``)."""
+    pytest.importorskip("ray")
+    ray_temp = ray_tmpdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TMPDIR": str(ray_temp)}
+    out = tmp_path / "driver.log"
+    try:
+        with out.open("w") as log:
+            driver = subprocess.Popen(
+                [sys.executable, "-c", RAY_PROBE],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                returncode = driver.wait(timeout=420)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(driver.pid, signal.SIGKILL)  # Ray's daemons left behind, if any
+    finally:
+        shutil.rmtree(ray_temp, ignore_errors=True)
+    printed = out.read_text()
+    assert returncode == 0, printed[-4000:]
+    line = next(x for x in printed.splitlines() if x.startswith("RAY "))
+    state = json.loads(line.removeprefix("RAY "))
     assert state == {"switched": True, "verl_modules": [], "rollout": True}

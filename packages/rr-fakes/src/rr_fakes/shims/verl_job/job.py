@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rr_fakes.shims.ray_tmp import ray_tmpdir
+
 PLUGIN = "rr_fakes.shims.verl_job.platform"
 RR_HOOK = "rr_fakes.shims.verl_job.rr_hook.install"
 MEASURE_HOOK = "rr_fakes.shims.verl_job.rr_hook.measure"
@@ -61,6 +63,7 @@ def environment(work: Path, spec: JobSpec) -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false",
             "OMP_NUM_THREADS": "1",
             "RAY_DEDUP_LOGS": "0",
+            "TMPDIR": str(ray_tmpdir()),  # Ray's session folder, outside nox's virtualenv
         }
     )
     return env
