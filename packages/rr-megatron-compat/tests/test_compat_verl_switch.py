@@ -47,8 +47,10 @@ PROBE = textwrap.dedent(
 
     out["sides"] = sorted(sides)
     out["steps"] = [("installed", state())]
+    import verl.trainer.main_ppo  # the task runner's imports (the padding module among them)
+    out["steps"].append(("main_ppo imported", state()))
     rv.uninstall()
-    import verl.workers.utils.padding
+    import verl.experimental.agent_loop.agent_loop
     out["imported_while_off"] = state()
     out["returned_again"] = list(rv.install())
     out["steps"].append(("installed again", state()))
@@ -95,6 +97,14 @@ def test_each_side_is_installed_exactly_when_its_verl_module_is_imported(
     assert probe["is_installed"]
 
 
+def test_verls_task_runner_imports_with_the_switch_on(probe: dict[str, Any]) -> None:
+    """``main_ppo`` imports verl's padding while ``verl.trainer.distillation`` is half
+    initialised: the rollout side waits for the agent loop (its install imports it, which
+    imports distillation), so the job starts; the side installs when the agent loop comes."""
+    steps = dict(probe["steps"])
+    assert steps["main_ppo imported"]["rollout"] == [False, False]
+
+
 def test_a_megatron_engine_imported_after_install_calls_rr(probe: dict[str, Any]) -> None:
     assert probe["engine_binds_rr"]
 
@@ -102,8 +112,8 @@ def test_a_megatron_engine_imported_after_install_calls_rr(probe: dict[str, Any]
 def test_an_import_after_uninstall_installs_nothing_and_install_then_hooks_it_at_once(
     probe: dict[str, Any],
 ) -> None:
-    rollout_installed, padding_imported = probe["imported_while_off"]["rollout"]
-    assert padding_imported
+    rollout_installed, agent_loop_imported = probe["imported_while_off"]["rollout"]
+    assert agent_loop_imported
     assert not rollout_installed
     assert "verl.workers.utils.padding.left_right_2_no_padding" in probe["returned_again"]
 
@@ -158,7 +168,7 @@ RAY_PROBE = textwrap.dedent(
             "switched": switch_in_worker.is_installed(),
             "verl_modules": sorted(m for m in sys.modules if m.split(".")[0] == "verl"),
         }
-        import verl.workers.utils.padding  # the trainer's padding: the rollout side
+        import verl.experimental.agent_loop.agent_loop  # the rollout side's module
 
         state["rollout"] = switch_in_worker.sides()["rollout"].installer.is_installed()
         return state

@@ -276,9 +276,13 @@ class VerlRolloutAdapter(Installer):
 
     name = "verl-rollout"
     module = "rr_vllm.verl"
-    #: verl's modules this side hooks: rr_megatron_compat.verl.install() installs the side when
-    #: a process imports either (the agent-loop worker, the trainer).
-    verl_modules = (AGENT_LOOP, PADDING)
+    #: The verl module whose import installs this side under rr_megatron_compat.verl.install():
+    #: the agent loop, which the agent-loop workers and the trainer that drives them import (the
+    #: install hooks the trainer's padding then). Not the padding module: verl's task runner
+    #: imports it while ``verl.trainer.distillation`` is half-initialised (``main_ppo`` ->
+    #: ``main_ppo_v0``), and the install's import of the agent loop, which imports that module,
+    #: failed there: every job with the one switch stopped at start (verl 0.9.1).
+    verl_modules = (AGENT_LOOP,)
 
     def __init__(self) -> None:
         super().__init__()
