@@ -1,9 +1,10 @@
 """rr in verl's Ray workers, and the harness's per-pass report of what rr did there.
 
 :func:`install` is the job's ``worker_process_setup_hook``: Ray runs it in every worker process
-verl starts (task runner, actor worker group, vLLM server, agent-loop workers, ...). It imports
-no verl module: each rr side is switched on when verl imports the module it hooks (a post-import
-hook), so a worker that never imports a side pays nothing for it.
+verl starts (task runner, actor worker group, vLLM server, agent-loop workers, ...). It runs
+the one line a verl user writes, ``rr_megatron_compat.verl.install()``, which imports no verl
+module: each rr side is switched on when verl imports the module it hooks (a post-import hook),
+so a worker that never imports a side pays nothing for it.
 
 Per engine pass (verl's ``forward_backward_batch``: the old-log-prob pass and the update), the
 worker appends one JSON line to ``$RR_VERL_JOB_REPORTS`` from rr's own step report: the rows rr
@@ -28,11 +29,7 @@ import wrapt
 
 FSDP_ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 MEGATRON_ENGINE = "verl.workers.engine.megatron.transformer_impl"
-#: The rollout side installs when verl's agent loop is imported (the agent-loop workers, and the
-#: task runner when it builds them; the install then hooks the trainer's by-name copy of
-#: ``left_right_2_no_padding`` too). Not on ``verl.workers.utils.padding``: the task runner
-#: imports it while ``verl.trainer.distillation`` is half-initialised, and the install's import
-#: of the agent loop then fails on a circular import (verl 0.9.1, main_ppo_v0.py:24).
+#: The rollout side's module (the switch installs that side when a process imports it).
 ROLLOUT_MODULE = "verl.experimental.agent_loop.agent_loop"
 DISARM = "RR_VERL_JOB_DISARM_LAYER"
 REPORTS = "RR_VERL_JOB_REPORTS"
@@ -158,25 +155,16 @@ def _measured_trainer(module: Any) -> None:
     wrapt.wrap_function_wrapper(module, "calculate_debug_metrics", _debug_metrics)
 
 
-def _fsdp_side(module: Any) -> None:
-    import rr_transformers.verl
+def _reported(side: str) -> Any:
+    """A post-import hook writing that ``side`` is in place (after the switch's own hook)."""
 
-    rr_transformers.verl.install()
-    _write({"event": "installed", "side": "fsdp"})
+    def report(module: Any) -> None:
+        import rr_megatron_compat.verl as switch
 
+        if switch.sides()[side].installer.is_installed():
+            _write({"event": "installed", "side": side})
 
-def _megatron_side(module: Any) -> None:
-    import rr_megatron_compat.verl
-
-    rr_megatron_compat.verl.install()
-    _write({"event": "installed", "side": "megatron"})
-
-
-def _rollout_side(module: Any) -> None:
-    import rr_vllm.verl
-
-    rr_vllm.verl.install()
-    _write({"event": "installed", "side": "rollout"})
+    return report
 
 
 def measure() -> None:
@@ -187,9 +175,14 @@ def measure() -> None:
 
 
 def install() -> None:
-    """Ray's ``worker_process_setup_hook``: each rr side switched on when verl imports it, then
-    the harness's figures (the engine's report wrapper outside rr's)."""
-    wrapt.register_post_import_hook(_fsdp_side, FSDP_ENGINE)
-    wrapt.register_post_import_hook(_megatron_side, MEGATRON_ENGINE)
-    wrapt.register_post_import_hook(_rollout_side, ROLLOUT_MODULE)
+    """Ray's ``worker_process_setup_hook``: the one line a verl user writes
+    (``rr_megatron_compat.verl.install``, each rr side switched on when verl imports its module),
+    then the harness's reports of which sides came up and its figures (the engine's report
+    wrapper outside rr's)."""
+    import rr_megatron_compat.verl as switch
+
+    switch.install()
+    sides = {"fsdp": FSDP_ENGINE, "megatron": MEGATRON_ENGINE, "rollout": ROLLOUT_MODULE}
+    for side, module in sides.items():
+        wrapt.register_post_import_hook(_reported(side), module)
     measure()
