@@ -31,8 +31,8 @@ from rr_fakes.hf_checkpoints import FAMILIES
 KEYS = [(f, d) for d in DTYPES for f in FAMILIES]  # dtype-major: each engine starts once
 
 
-@pytest.fixture(scope="module", autouse=True)
-def hooks():
+@pytest.fixture(autouse=True)
+def hooks():  # per test: the leak check fails a test that ends with rr's patches in place
     rr_transformers.install()
     yield
     rr_transformers.uninstall()
