@@ -26,6 +26,7 @@ place, so concurrent builders never see a half-written checkpoint.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -46,19 +47,61 @@ NUM_EXPERTS, TOP_K, HIDDEN, VOCAB = 8, 2, 64, 128
 NUM_LAYERS = 4
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
-#: vLLM's settings for serving these checkpoints on its CPU build: the V1 model runner, a 1 GiB
+#: vLLM's settings for serving these checkpoints on its CPU build, whatever the release: a 1 GiB
 #: CPU KV cache, no OpenMP thread binding (a shared machine), the engine core in this process.
 VLLM_CPU_ENV = {
-    "VLLM_USE_V2_MODEL_RUNNER": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
+#: The variable that picks vLLM's V1 model runner (route capture on the CPU build needs it below
+#: 0.31); vLLM 0.34 removed that runner and refuses the variable at start.
+MODEL_RUNNER_VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 
 
-def set_vllm_cpu_env() -> None:
-    """Set each of :data:`VLLM_CPU_ENV` that is not set yet (vLLM reads them on import)."""
-    for key, value in VLLM_CPU_ENV.items():
+def installed_vllm_release() -> str | None:
+    """The installed vLLM release, read from the metadata of the distribution that provides it
+    (``vllm`` or the CPU build ``vllm-cpu``), or None where neither is installed."""
+    from rr_vllm._supported import VLLM_DISTRIBUTIONS
+
+    for name in VLLM_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def vllm_cpu_env(release: str | None = None) -> dict[str, str]:
+    """:data:`VLLM_CPU_ENV`, plus ``VLLM_USE_V2_MODEL_RUNNER=0`` where ``release`` (default: the
+    installed vLLM) still has the V1 model runner (``rr_vllm._supported.MODEL_RUNNER_V1``)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from rr_vllm._supported import MODEL_RUNNER_V1
+
+    env = dict(VLLM_CPU_ENV)
+    release = release if release is not None else installed_vllm_release()
+    if release is not None and Version(release) in SpecifierSet(MODEL_RUNNER_V1):
+        env[MODEL_RUNNER_VARIABLE] = "0"
+    return env
+
+
+def set_vllm_cpu_env(release: str | None = None) -> None:
+    """Set each of :func:`vllm_cpu_env` that is not set yet (vLLM reads them on import).
+
+    Raises ValueError where the environment already asks for the V1 model runner and
+    ``release`` (default: the installed vLLM) has none: vLLM would refuse to start."""
+    release = release if release is not None else installed_vllm_release()
+    env = vllm_cpu_env(release)
+    asks_v1 = os.environ.get(MODEL_RUNNER_VARIABLE) == "0"
+    if release is not None and MODEL_RUNNER_VARIABLE not in env and asks_v1:
+        raise ValueError(
+            f"{MODEL_RUNNER_VARIABLE}=0 is set, but vLLM {release} has no V1 model runner "
+            f"(it refuses the variable): expected it unset, got "
+            f"{os.environ[MODEL_RUNNER_VARIABLE]!r}"
+        )
+    for key, value in env.items():
         os.environ.setdefault(key, value)
 
 

@@ -29,15 +29,25 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from rr_fakes.hf_checkpoints import MODEL_RUNNER_VARIABLE, vllm_cpu_env
+
 HOST = "127.0.0.1"
 #: A chat template that joins the messages' contents: the tiny checkpoints' word-level tokenizer
 #: turns "w5 w6" into [5, 6], so a chat prompt is the ids of its words.
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-SERVER_ENV = {
-    "VLLM_USE_V2_MODEL_RUNNER": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-}
+
+
+def server_env(base: dict[str, str], release: str | None = None) -> dict[str, str]:
+    """The server's variables: ``base`` without ``VLLM_ENABLE_V1_MULTIPROCESSING``, with the CPU
+    build's settings for ``release`` (default: the installed vLLM; the V1 model runner only below
+    0.34, which refuses the variable)."""
+    env = {k: v for k, v in base.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    wanted = vllm_cpu_env(release)
+    wanted.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    if MODEL_RUNNER_VARIABLE not in wanted:
+        env.pop(MODEL_RUNNER_VARIABLE, None)
+    env.update(wanted)
+    return env
 
 
 def free_port() -> int:
@@ -61,8 +71,7 @@ class Server:
         template = Path(self._dir.name) / "chat.jinja"
         template.write_text(CHAT_TEMPLATE)
         self.log_path = Path(self._dir.name) / "server.log"
-        env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-        env.update(SERVER_ENV)
+        env = server_env(dict(os.environ))
         command = [
             sys.executable,
             __file__,
