@@ -13,7 +13,7 @@ import pytest
 from rr_core.cli import doctor
 from rr_vllm import installed_vllm_version, vllm_engine_args
 from rr_vllm._supported import SUPPORTED
-from rr_vllm.vllm.versions import resolve_flags
+from rr_vllm.releases import resolve_flags
 
 
 def _metadata(installed: Mapping[str, str]) -> Callable[[str], str]:

@@ -38,6 +38,13 @@ from .r3v1.decode import (
     decode_r3v1 as decode_r3v1,
     read_r3v1_header as read_r3v1_header,
 )
+from .releases import (
+    SglangFlags as SglangFlags,
+    VllmFlags as VllmFlags,
+    installed_vllm_version as installed_vllm_version,
+    sglang_flags as sglang_flags,
+    vllm_flags as vllm_flags,
+)
 from .samples import (
     SampleRoutes as SampleRoutes,
     decode_routes_array as decode_routes_array,
@@ -48,10 +55,6 @@ from .sglang.capture import (
 from .sglang.stream import (
     decode_sglang_stream as decode_sglang_stream,
 )
-from .sglang.versions import (
-    SglangFlags as SglangFlags,
-    sglang_flags as sglang_flags,
-)
 from .sglang.wire import (
     decode_sglang as decode_sglang,
     decode_sglang_openai as decode_sglang_openai,
@@ -59,10 +62,6 @@ from .sglang.wire import (
 )
 from .split import (
     merge_split_routes as merge_split_routes,
-)
-from .trajectories.trajectory import (
-    Trajectory as Trajectory,
-    omission_start as omission_start,
 )
 from .trtllm.decode import (
     decode_trtllm_output as decode_trtllm_output,
@@ -100,13 +99,12 @@ from .vllm.store import (
     is_store_eviction as is_store_eviction,
     routes_store_max_bytes as routes_store_max_bytes,
 )
+from .vllm.trajectory import (
+    Trajectory as Trajectory,
+    omission_start as omission_start,
+)
 from .vllm.stream import (
     decode_vllm_stream as decode_vllm_stream,
-)
-from .vllm.versions import (
-    VllmFlags as VllmFlags,
-    installed_vllm_version as installed_vllm_version,
-    vllm_flags as vllm_flags,
 )
 from .vllm.wire import (
     decode_vllm_http as decode_vllm_http,

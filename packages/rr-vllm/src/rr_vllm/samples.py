@@ -37,10 +37,37 @@ from rr_vllm.engine_config import check_split_rows
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import count, reason
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
-from rr_vllm.validate import check_missing, is_aborted
 
 IntArray = npt.NDArray[np.integer[Any]]
 BoolArray = npt.NDArray[np.bool_]
+
+#: ``finish_reason`` values of a request that did not finish normally.
+ABORT_REASONS = frozenset({"abort"})
+
+
+def is_aborted(finish_reason: str | None) -> bool:
+    return isinstance(finish_reason, str) and finish_reason in ABORT_REASONS
+
+
+def check_missing(what: str, finish_reason: str | None) -> None:
+    """Routes are None on a sample that was not aborted: an unfinished output (vLLM attaches
+    the routes to a request's final output only), or D3 for a finished one."""
+    if is_aborted(finish_reason):
+        return
+    if finish_reason is None:
+        raise EngineOutputError(
+            f"{what}: the request has not finished (finish_reason=None), so its routed experts "
+            "are None: vLLM attaches the routes to a request's final output only, and this "
+            "output is an earlier one (read before the request's last step, or left by an "
+            "offline LLMEngine.abort_request, which sends no final output). Decode the final "
+            "output, or resubmit the request; see `rr explain D3`"
+        )
+    raise EngineOutputError(
+        f"{what}: routed experts are None for a request that finished with "
+        f"finish_reason={finish_reason!r} (D3); capture is off on the engine "
+        "(enable_return_routed_experts / --enable-return-routed-experts, SGLang also needs "
+        "return_routed_experts=true per request); see `rr explain D3`"
+    )
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

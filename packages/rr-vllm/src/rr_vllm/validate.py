@@ -3,13 +3,13 @@
 Shape legend: T tokens of one sample, N rows the engine returned, L layer slots (all_layers
 axis), K top-k. rr_core's :class:`~rr_core.RouteBatch` checks ids in ``[0, E)``, K distinct ids
 per valid MoE row, zero dense slots and all-zero MoE slots (E1); this module adds physical-looking
-ids (E2) and missing routes (D3); the row count is rr_core's :func:`~rr_core.check_route_rows`.
+ids (E2). Missing routes (D3) are refused where a sample is decoded (:mod:`rr_vllm.samples`); the
+row count is rr_core's :func:`~rr_core.check_route_rows`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,37 +17,19 @@ from rr_core import RouteBatch, RouteMeta, RouteValidationError
 from rr_core.checks import check_flag
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import integer
-
-if TYPE_CHECKING:
-    from rr_vllm.samples import SampleRoutes
-
-#: ``finish_reason`` values of a request that did not finish normally.
-ABORT_REASONS = frozenset({"abort"})
-
-
-def is_aborted(finish_reason: str | None) -> bool:
-    return isinstance(finish_reason, str) and finish_reason in ABORT_REASONS
-
-
-def check_missing(what: str, finish_reason: str | None) -> None:
-    """Routes are None on a sample that was not aborted: an unfinished output (vLLM attaches
-    the routes to a request's final output only), or D3 for a finished one."""
-    if is_aborted(finish_reason):
-        return
-    if finish_reason is None:
-        raise EngineOutputError(
-            f"{what}: the request has not finished (finish_reason=None), so its routed experts "
-            "are None: vLLM attaches the routes to a request's final output only, and this "
-            "output is an earlier one (read before the request's last step, or left by an "
-            "offline LLMEngine.abort_request, which sends no final output). Decode the final "
-            "output, or resubmit the request; see `rr explain D3`"
-        )
-    raise EngineOutputError(
-        f"{what}: routed experts are None for a request that finished with "
-        f"finish_reason={finish_reason!r} (D3); capture is off on the engine "
-        "(enable_return_routed_experts / --enable-return-routed-experts, SGLang also needs "
-        "return_routed_experts=true per request); see `rr explain D3`"
-    )
+from rr_vllm.samples import (  # the abort and D3 checks read one sample: kept importable here
+    ABORT_REASONS as ABORT_REASONS,
+)
+from rr_vllm.samples import (
+    SampleRoutes,
+    check_samples,
+)
+from rr_vllm.samples import (
+    check_missing as check_missing,
+)
+from rr_vllm.samples import (
+    is_aborted as is_aborted,
+)
 
 
 def check_logical(
@@ -117,8 +99,6 @@ def batch_samples(
     validate: bool = True,
 ) -> RouteBatch:
     """:func:`validate_samples`; ``validate=False`` skips rr_core's id checks (not E2)."""
-    from rr_vllm.samples import check_samples  # rr_vllm.samples imports this module
-
     check_all_layers(meta)
     for name, flag in (("allow_all_zero", allow_all_zero), ("allow_physical", allow_physical)):
         check_flag(flag, name, EngineOutputError)

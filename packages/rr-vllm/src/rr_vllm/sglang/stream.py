@@ -8,12 +8,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Unpack
 
 from rr_core import RouteMeta
+from rr_vllm.error_body import check_error_body
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import as_mapping, chunks_of
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
 from rr_vllm.samples import SampleRoutes
 from rr_vllm.sglang.wire import _FIRST_ONLY, READS, _choices, _counts, _decode_info
-from rr_vllm.vllm.store import check_error_body
 
 
 def decode_sglang_stream(

@@ -16,12 +16,12 @@ from typing import Any, Unpack
 import numpy as np
 
 from rr_core import RouteMeta, expected_route_rows
+from rr_vllm.error_body import check_error_body
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import as_mapping, count, integer, key
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
+from rr_vllm.releases import SglangFlags, sglang_flags
 from rr_vllm.samples import IntArray, SampleRoutes, as_rows, decode_rows, sample_of
-from rr_vllm.sglang.versions import SglangFlags, sglang_flags
-from rr_vllm.vllm.store import check_error_body
 
 
 def _b64(text: Any) -> bytes:

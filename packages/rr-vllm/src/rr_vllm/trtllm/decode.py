@@ -35,11 +35,12 @@ from rr_vllm.samples import (
     Sample,
     SampleRoutes,
     as_rows,
+    check_missing,
     place_rows,
     sample_of,
     unrouted,
 )
-from rr_vllm.validate import check_all_layers, check_missing
+from rr_vllm.validate import check_all_layers
 
 
 def _finish(value: Any, what: str) -> str | None:

@@ -26,7 +26,8 @@ from rr_vllm.engine_config import EngineConfig
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import count
 from rr_vllm.options import DecodeOptions, decode_options
-from rr_vllm.validate import batch_samples, check_all_layers, check_logical, is_aborted
+from rr_vllm.samples import is_aborted
+from rr_vllm.validate import batch_samples, check_all_layers, check_logical
 from rr_vllm.vllm.decode import Request, decode_completion, read_request
 
 

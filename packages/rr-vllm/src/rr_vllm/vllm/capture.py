@@ -1,6 +1,6 @@
 """Turning capture on for vLLM: engine arguments and per-request sampling fields.
 
-Every version-dependent choice comes from :func:`rr_vllm.vllm.versions.resolve_flags`; requests
+Every version-dependent choice comes from :func:`rr_vllm.releases.resolve_flags`; requests
 that capture cannot serve exactly are refused here, before anything is generated:
 
 - vLLM < 0.14 (no capture), a hybrid-attention model on vLLM < 0.22 (undersized buffers, E3),
@@ -18,9 +18,9 @@ from rr_vllm.capture import ModelGeometry, check_geometry, max_new_tokens
 from rr_vllm.engine_config import EngineConfig, check_engine_config
 from rr_vllm.errors import CaptureError
 from rr_vllm.fields import integer
+from rr_vllm.releases import resolve_flags
 from rr_vllm.vllm.prompt_start import prompt_start_to_send
 from rr_vllm.vllm.store import routes_store_max_bytes
-from rr_vllm.vllm.versions import resolve_flags
 
 
 def vllm_engine_args(

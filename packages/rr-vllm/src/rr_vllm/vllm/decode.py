@@ -23,10 +23,10 @@ from rr_vllm.samples import (
     Sample,
     SampleRoutes,
     as_rows,
+    check_missing,
     decode_rows,
     place_rows,
 )
-from rr_vllm.validate import check_missing
 
 
 class Completion(NamedTuple):

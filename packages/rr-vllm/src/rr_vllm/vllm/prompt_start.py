@@ -20,8 +20,8 @@ import numpy as np
 from rr_core.checks import check_instance
 from rr_vllm.errors import CaptureError
 from rr_vllm.fields import integer
+from rr_vllm.releases import VllmFlags
 from rr_vllm.samples import SampleRoutes, check_sample
-from rr_vllm.vllm.versions import VllmFlags
 
 
 def prompt_start_to_send(prompt_start: int, num_prompt_tokens: int, flags: VllmFlags) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 from rr_core.checks import describe
 from rr_vllm.capture import ModelGeometry, check_geometry
+from rr_vllm.error_body import check_error_body as check_body
 from rr_vllm.errors import CaptureError, EngineOutputError, RouteStoreEvictedError
 from rr_vllm.fields import integer
 
@@ -99,17 +100,15 @@ def explain_store_errors(
         raise
 
 
+def explain_error_body(message: str, kind: Any) -> RouteStoreEvictedError | None:
+    """A store eviction named by an HTTP error body's message or type, as
+    :class:`RouteStoreEvictedError`; None for any other error."""
+    if is_store_eviction(message) or kind == "BlockObjectStoreError":
+        return store_eviction_error(message)
+    return None
+
+
 def check_error_body(response: Mapping[str, Any]) -> None:
     """An HTTP error body (``{"error": {...}}`` or ``{"object": "error", ...}``) raises: a
     store eviction as :class:`RouteStoreEvictedError`, anything else as EngineOutputError."""
-    error = response.get("error")
-    if error is None and response.get("object") != "error":
-        return
-    body = error if isinstance(error, Mapping) else response
-    message = str(body.get("message", error))
-    if is_store_eviction(message) or body.get("type") == "BlockObjectStoreError":
-        raise store_eviction_error(message)
-    raise EngineOutputError(
-        f"the engine answered with an error instead of choices: {message!r} "
-        f"(type {body.get('type')!r}, code {body.get('code')!r})"
-    )
+    check_body(response, explain=explain_error_body)

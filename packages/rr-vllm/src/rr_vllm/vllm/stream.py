@@ -26,10 +26,10 @@ from rr_core import RouteMeta, expected_route_rows
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import as_mapping, count, integers, reason, token_count
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
+from rr_vllm.releases import vllm_flags
 from rr_vllm.samples import Sample, SampleRoutes, decode_rows
 from rr_vllm.sse import sse_items
 from rr_vllm.vllm.store import check_error_body
-from rr_vllm.vllm.versions import vllm_flags
 from rr_vllm.vllm.wire import DERENDER_HIDES_TOKENS, npy_base64_to_array
 
 _OPENAI_OBJECTS = frozenset({"text_completion", "chat.completion.chunk"})

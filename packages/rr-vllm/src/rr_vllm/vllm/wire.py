@@ -24,9 +24,9 @@ from rr_vllm.engine_sources import answered_by_prefill
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import as_mapping, key, reason, token_count
 from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
+from rr_vllm.releases import vllm_flags
 from rr_vllm.samples import IntArray, Sample, SampleRoutes, as_rows, decode_rows, place_rows
 from rr_vllm.vllm.store import check_error_body
-from rr_vllm.vllm.versions import vllm_flags
 
 _NPY_HEADERS = {
     (1, 0): np.lib.format.read_array_header_1_0,

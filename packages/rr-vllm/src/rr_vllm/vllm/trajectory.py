@@ -28,11 +28,10 @@ from rr_core import RouteMeta, expected_route_rows
 from rr_core.checks import check_choice, check_flag
 from rr_vllm.errors import CaptureError, EngineOutputError
 from rr_vllm.fields import attr, integer, integers
-from rr_vllm.samples import IntArray, SampleRoutes, as_rows
-from rr_vllm.validate import check_missing, is_aborted
+from rr_vllm.releases import resolve_flags
+from rr_vllm.samples import IntArray, SampleRoutes, as_rows, check_missing, is_aborted
 from rr_vllm.vllm.decode import read_request
 from rr_vllm.vllm.prompt_start import prompt_start_to_send
-from rr_vllm.vllm.versions import resolve_flags
 
 MismatchPolicy = Literal["count", "raise"]
 
