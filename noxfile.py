@@ -297,6 +297,8 @@ TRL_DATA = runpy.run_path(
 )
 #: Not named "trl": pytest would import the folder as TRL itself (verl then sees a TRL).
 TRL_TESTS = PACKAGES / "rr-transformers" / "tests" / "grpo_trl"
+#: ``rr demo --loop``: two GRPO steps of TRL's trainer without and with rr.
+DEMO_LOOP_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_loop.py"
 
 
 @session(python="3.11")
@@ -309,11 +311,14 @@ def trl(session: nox.Session) -> None:
     install_with_torch(session, *engine, f"trl=={TRL_DATA['TESTED_TRL']}")
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
     install_with_torch(
-        session, *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]")
+        session,
+        *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
+        *editable("rr-megatron-compat", "rr-demo[plot]"),  # rr demo --loop; megatron is not
     )
     report_versions(session)
     args = session.posargs or ["-q", "-s", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
     session.run("pytest", str(TRL_TESTS), *args, env=ENGINE_ENV)
+    session.run("pytest", str(DEMO_LOOP_TEST), *args, env=ENGINE_ENV)  # its own engine
 
 
 #: rr-vllm's SGLang tests: the emulated answers of every era, and the real wheels' classes.
@@ -441,7 +446,8 @@ def megatron(session: nox.Session, line: str) -> None:
     )
     args = session.posargs or PYTEST_DEFAULTS
     leave_out = (
-        DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST, DEMO_ENGINE_TEST, BRIDGE_TESTS
+        DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST, DEMO_ENGINE_TEST, BRIDGE_TESTS,
+        DEMO_LOOP_TEST,
     )  # fmt: skip
     tests = MEGATRON_TESTS
     if line not in DISTRIBUTED_LINES:  # see HARNESS_LAUNCH_TESTS

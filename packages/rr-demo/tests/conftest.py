@@ -1,5 +1,6 @@
 """The Megatron demo needs a megatron-core install; without one its tests are skipped (the
-transformers demo's tests run in the transformers sessions, where megatron is absent)."""
+transformers demo's tests run in the transformers sessions, the training loop's in the trl
+session, where megatron is absent)."""
 
 from __future__ import annotations
 
@@ -17,4 +18,4 @@ REASON = unavailable_reason()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip_folder(items, HERE, REASON, keep=("test_demo_transformers.py",))
+    skip_folder(items, HERE, REASON, keep=("test_demo_transformers.py", "test_demo_loop.py"))

@@ -22,11 +22,14 @@ Shapes: B sequences, S padded length, L layer slots (all layers), K top-k, E exp
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import os
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,3 +294,41 @@ def _measured(trainer: Trainer, padded: Padded, out: EngineOutput, *, replay: bo
         picked.append(logp_BSV[b, P - 1 : P + G - 1].gather(1, targets[:, None])[:, 0])
     overall = sum(per_layer) / len(per_layer)  # every layer has the same valid rows
     return _Pass(overall, per_layer, torch.cat(picked))
+
+
+@contextlib.contextmanager
+def real_streams() -> Iterator[None]:
+    """vLLM's engine start takes ``sys.stdout.fileno()`` (to silence its process-group setup);
+    where the caller captured stdout / stderr in memory (``rr demo``'s screen), the engine
+    (the demo's, or TRL's in ``rr demo --loop``) writes to temporary files instead, whose text
+    is then passed on to the captured streams."""
+    if all(_has_fileno(s) for s in (sys.stdout, sys.stderr)):
+        yield
+        return
+    outer_out, outer_err = sys.stdout, sys.stderr
+    with (
+        tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+    ):
+        saved = [os.dup(1), os.dup(2)]  # the engine's C++ code writes to the descriptors
+        try:
+            for fd, file in ((1, out), (2, err)):
+                os.dup2(file.fileno(), fd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                yield
+        finally:
+            for fd, copy in zip((1, 2), saved, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
+            for file, outer in ((out, outer_out), (err, outer_err)):
+                file.flush()
+                file.seek(0)
+                outer.write(file.read())
+
+
+def _has_fileno(stream: Any) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True

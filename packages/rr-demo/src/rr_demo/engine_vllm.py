@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
-import sys
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from rr_demo.chain import EngineOutput, OpenTrainer, Trainer
+from rr_demo.chain import EngineOutput, OpenTrainer, Trainer, real_streams
 from rr_demo.config import Progress, Sampling
 
 MAX_MODEL_LEN = 256
@@ -156,7 +153,7 @@ def vllm_rollout(
         )
         for prompt in prompts
     ]
-    with _real_streams():
+    with real_streams():
         outputs = _generate(checkpoint, vllm_engine_args(geometry), prompts, fields, seed, dtype)
     logprobs = [
         torch.tensor(
@@ -174,43 +171,6 @@ def vllm_rollout(
         dtype=dtype,
         checkpoint=checkpoint.family,
     )
-
-
-@contextlib.contextmanager
-def _real_streams() -> Iterator[None]:
-    """vLLM's engine start takes ``sys.stdout.fileno()`` (to silence its process-group setup);
-    where the caller captured stdout / stderr in memory (``rr demo``'s screen), the engine
-    writes to temporary files instead, whose text is then passed on to the captured streams."""
-    if all(_has_fileno(s) for s in (sys.stdout, sys.stderr)):
-        yield
-        return
-    outer_out, outer_err = sys.stdout, sys.stderr
-    with (
-        tempfile.TemporaryFile("w+") as out,
-        tempfile.TemporaryFile("w+") as err,
-    ):
-        saved = [os.dup(1), os.dup(2)]  # the engine's C++ code writes to the descriptors
-        try:
-            for fd, file in ((1, out), (2, err)):
-                os.dup2(file.fileno(), fd)
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                yield
-        finally:
-            for fd, copy in zip((1, 2), saved, strict=True):
-                os.dup2(copy, fd)
-                os.close(copy)
-            for file, outer in ((out, outer_out), (err, outer_err)):
-                file.flush()
-                file.seek(0)
-                outer.write(file.read())
-
-
-def _has_fileno(stream: Any) -> bool:
-    try:
-        stream.fileno()
-    except (AttributeError, OSError, ValueError):
-        return False
-    return True
 
 
 def _generate(
