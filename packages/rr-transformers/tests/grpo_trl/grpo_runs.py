@@ -31,13 +31,16 @@ STEPS = 3
 PROMPTS = 4  # per step, each sampled NUM_GENERATIONS times
 NUM_GENERATIONS = 2
 COMPLETION = 8
+#: The harness's row id in TRL's batch (a per-row tensor: shuffled and split with its rows).
+LEDGER_KEY = "rr_test_row"
 
 
 @dataclass
 class Step:
     """One GRPO step's figures."""
 
-    pairs: int = 0  # (token, MoE layer) pairs of the training forwards' replayable rows
+    tokens: int = 0  # attended (token, MoE layer) pairs of the training forwards' rows
+    pairs: int = 0  # of those, the pairs with a route to replay
     differ: int = 0  # of those, routed to another expert set than the engine's
     differ_by_layer: dict[int, int] = field(default_factory=dict)
     logp_mean: float = float("nan")  # TRL's sampling/sampling_logp_difference/mean
@@ -50,7 +53,7 @@ class Step:
 @dataclass
 class Run:
     family: str
-    dtype: str
+    dtype: str  # the engine's; "trainer" when TRL generated with the trainer's model (R2)
     replay: bool
     steps: list[Step]
     provenance: dict[str, Any] | None = None
@@ -152,6 +155,7 @@ def count_differing(
             engine = row.values_TLK[: positions.numel(), slot].to(torch.int64).sort(-1).values
             valid = row.valid_T[: positions.numel()]
             differ = (ids_BSK[b, positions] != engine).any(-1) & valid
+            step.tokens += int(mask[b].sum())
             step.pairs += int(valid.sum())
             step.differ += int(differ.sum())
             step.differ_by_layer[layer] = step.differ_by_layer.get(layer, 0) + int(differ.sum())
@@ -191,11 +195,19 @@ def run(
     replay: bool,
     steps: int = STEPS,
     sabotage: Callable[[Any], None] | None = None,
+    use_vllm: bool = True,
+    steps_per_generation: int | None = None,
 ) -> Run:
     """``steps`` GRPO steps of TRL's trainer in a :func:`session` (weights synced into the
     engine before each rollout); ``replay=False`` routes natively, measured the same way.
-    ``sabotage(trainer)`` breaks something before training (the tests that prove it is
-    seen)."""
+    ``use_vllm=False``: TRL generates with the trainer's model and rr records the routes (R2;
+    the engine is not used). ``sabotage(trainer)`` breaks something before training (the tests
+    that prove it is seen).
+
+    The measurement compares the experts of each training-forward row with the routes the
+    rollout produced for that row, looked up by a row id the harness adds to TRL's batch (it
+    rides with the rows as rr's routes do), not with what rr's carrier delivers: routes moved
+    against their rows on the way show as pairs routed differently."""
     from trl import GRPOConfig, GRPOTrainer
 
     ck = checkpoint(family)
@@ -203,7 +215,8 @@ def run(
     steps_seen: list[Step] = []
     with tempfile.TemporaryDirectory() as out, installed():
         config = GRPOConfig(
-            output_dir=out, use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
+            output_dir=out, use_cpu=True, bf16=False, use_vllm=use_vllm, vllm_mode="colocate",
+            steps_per_generation=steps_per_generation,
             vllm_max_model_length=64, vllm_gpu_memory_utilization=0.1,
             per_device_train_batch_size=PROMPTS * NUM_GENERATIONS,
             num_generations=NUM_GENERATIONS, max_completion_length=COMPLETION,
@@ -216,9 +229,22 @@ def run(
         trainer = GRPOTrainer(
             model=model, reward_funcs=_reward, args=config, train_dataset=_dataset(ck)
         )
-        trainer.vllm_generation.sync_weights()  # the shared engine starts from this model
+        if use_vllm:
+            trainer.vllm_generation.sync_weights()  # the shared engine starts from this model
         rr_transformers.trl.set_replay(trainer, replay)
         probe = ExpertIds(trainer.model, ck.moe_layer_numbers)
+        ledger: list[RowRoutes] = []  # every rollout row's routes, as generated
+
+        def logged_rollout(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            output = wrapped(*args, **kwargs)
+            rows = output[ROUTES_KEY]
+            output[LEDGER_KEY] = torch.arange(len(ledger), len(ledger) + len(rows))
+            ledger.extend(rows)
+            return output
+
+        trainer._generate_and_score_completions = wrapt.FunctionWrapper(
+            trainer._generate_and_score_completions, logged_rollout
+        )
 
         def measured_loss(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             inputs = args[1]
@@ -230,7 +256,8 @@ def run(
             finally:
                 probe.on = False
             steps_seen.append(Step())
-            count_differing(probe.take(), inputs[ROUTES_KEY], ids, mask, steps_seen[-1])
+            rows = [ledger[i] for i in inputs[LEDGER_KEY].tolist()]
+            count_differing(probe.take(), rows, ids, mask, steps_seen[-1])
             return out
 
         trainer._compute_loss = wrapt.FunctionWrapper(trainer._compute_loss, measured_loss)
@@ -243,14 +270,28 @@ def run(
         provenance = rr_transformers.trl.engine_provenance(trainer)
         logged = [entry for entry in trainer.state.log_history if "loss" in entry]
         for step, logs in zip(steps_seen, logged, strict=True):
-            step.logp_mean = float(logs["sampling/sampling_logp_difference/mean"])
-            step.logp_max = float(logs["sampling/sampling_logp_difference/max"])
+            step.logp_mean = float(logs.get("sampling/sampling_logp_difference/mean", "nan"))
+            step.logp_max = float(logs.get("sampling/sampling_logp_difference/max", "nan"))
             step.step_seconds = float(logs["step_time"])
             step.rr_seconds = float(logs["rr/seconds"])
             step.agreement = float(logs.get("rr/train/agreement", float("nan")))
         del trainer, model
         gc.collect()
-    return Run(family, dtype, replay, steps_seen, provenance)
+    return Run(family, dtype if use_vllm else "trainer (R2)", replay, steps_seen, provenance)
+
+
+def assert_replayed(run: Run, *, whole_rows: bool = False) -> None:
+    """The check every replaying run must pass: in each step's training forwards every
+    (token, MoE layer) pair with a route used that route's experts (0 pairs differ), and rr's
+    agreement is in TRL's logged metrics. ``whole_rows``: every attended token had a route
+    (R2 records one per token; the engine's last token has none)."""
+    assert run.steps, run
+    for step in run.steps:
+        assert step.pairs > 0, step
+        assert step.differ == 0, step  # every replayed pair used the rollout's experts
+        assert 0.0 < step.agreement <= 1.0, step
+        if whole_rows:
+            assert step.pairs == step.tokens, step
 
 
 #: The runs of this process, for the table of the terminal summary.

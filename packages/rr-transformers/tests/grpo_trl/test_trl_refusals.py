@@ -37,10 +37,13 @@ def test_the_plain_colocate_trainer_is_accepted() -> None:
     _refuse(_config())
 
 
+def test_a_trainer_generating_with_its_own_model_is_accepted_for_r2() -> None:
+    _refuse(_config(use_vllm=False, vllm_mode="server"))  # vllm_mode unused without vLLM
+
+
 @pytest.mark.parametrize(
     ("config", "extra", "match"),
     [
-        (_config(use_vllm=False), {}, "use_vllm=False"),
         (_config(vllm_mode="server"), {}, "vllm_mode='server'"),
         (_config(), {"rollout_func": lambda prompts, trainer: {}}, "rollout_func"),
         (_config(), {"tools": [print]}, "tools="),
@@ -129,3 +132,20 @@ def test_a_masked_truncated_completion_routes_natively() -> None:
     batch = chunk_batch(rows, ids, mask)
     assert batch.lengths.tolist() == [2]
     assert not bool(batch.valid_N.any())
+
+
+def test_r2_with_an_adapter_off_reference_is_refused_by_name() -> None:
+    """A PEFT policy with ``beta != 0``: TRL's reference forward is the policy's own module."""
+    trainer = SimpleNamespace()
+
+    def init(args: Any = None) -> None:
+        trainer.beta, trainer.ref_model = 0.04, None
+
+    with pytest.raises(TrlReplayError, match=r"PEFT policy and beta != 0"):
+        adapter._init(init, trainer, (), {"args": _config(use_vllm=False)})
+    trainer_with_ref = type("Trainer", (), {})()  # weak-referenceable, as a trainer is
+
+    def init_with_ref(args: Any = None) -> None:
+        trainer_with_ref.beta, trainer_with_ref.ref_model = 0.04, object()
+
+    adapter._init(init_with_ref, trainer_with_ref, (), {"args": _config(use_vllm=False)})

@@ -3,7 +3,9 @@
 ``import rr_transformers.trl; rr_transformers.trl.install()`` before the trainer is built:
 TRL's colocated vLLM engine then returns the experts each token was routed to, the routes ride
 with their rows through TRL's shuffle, split and buffering, and every policy forward (old
-log-probs, a reference model, the checkpointed training forward) replays them (R3). rr's
+log-probs, a reference model, the checkpointed training forward) replays them (R3). With
+``use_vllm=False`` (TRL generates with the trainer's model) rr records the routes in the rows'
+first forward and replays them in their training forwards (R2). rr's
 agreement per step goes into TRL's logged metrics as ``rr/...``. TRL (``>=1.16,<1.17``) and
 vLLM are imported at ``install()``, not before.
 """

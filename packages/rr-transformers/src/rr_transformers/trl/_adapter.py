@@ -7,7 +7,8 @@ Patch points (all through the installer's registry, wrapt proxies that keep TRL'
 ``vllm.LLM.generate``                                      answers decoded (TRL's rollouts only)
 ``VLLMGeneration.generate``                                the rollout's rows, TP slice applied
 ``GRPOTrainer.__init__``                                   what rr cannot replay refused by name
-``GRPOTrainer._generate_and_score_completions``            routes added to the batch's rows
+``GRPOTrainer._generate_and_score_completions``            routes added to the batch's rows (R2:
+                                                           recorded in the rows' first forward)
 ``GRPOTrainer._compute_loss``                              the training batch's routes in use
 ``GRPOTrainer._get_per_token_logps_and_entropies``         each chunk armed and replayed
 ``GRPOTrainer.training_step``                              step ended, agreement logged
@@ -44,17 +45,12 @@ def installed_trl_version() -> Version | None:
 
 def refusals(config: Any, *, tools: Any, rollout_func: Any, environment_factory: Any) -> None:
     """Raise :class:`TrlReplayError` naming the first GRPOTrainer setting rr cannot replay."""
-    if not getattr(config, "use_vllm", False):
-        raise TrlReplayError(
-            "rr_transformers.trl replays the routes of TRL's vLLM engine (R3); this trainer "
-            "generates with transformers (use_vllm=False): set use_vllm=True, "
-            "vllm_mode='colocate', or uninstall rr_transformers.trl"
-        )
-    if getattr(config, "vllm_mode", None) != "colocate":
+    if getattr(config, "use_vllm", False) and getattr(config, "vllm_mode", None) != "colocate":
         raise TrlReplayError(
             f"vllm_mode={config.vllm_mode!r}: TRL's vllm-serve answers carry token ids and "
             "log-probs, not the experts each token was routed to; rr replays the colocated "
-            "engine (vllm_mode='colocate')"
+            "engine (vllm_mode='colocate') or records the trainer's own routes "
+            "(use_vllm=False, R2)"
         )
     if rollout_func is not None:
         raise TrlReplayError(
@@ -74,8 +70,8 @@ def _init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     config = bound.arguments.get("args")
     if config is None:
         raise TrlReplayError(
-            "GRPOTrainer without args: rr needs a GRPOConfig with use_vllm=True, "
-            "vllm_mode='colocate'"
+            "GRPOTrainer without args: rr needs a GRPOConfig (use_vllm=True, "
+            "vllm_mode='colocate' for R3, or use_vllm=False for R2)"
         )
     refusals(
         config,
@@ -84,12 +80,20 @@ def _init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         environment_factory=bound.arguments.get("environment_factory"),
     )
     result = wrapped(*args, **kwargs)
-    _passes.STATES[instance] = _passes.TrainerState(replay=True)
+    engine = bool(getattr(config, "use_vllm", False))
+    if not engine and getattr(instance, "beta", 0.0) != 0.0 and instance.ref_model is None:
+        raise TrlReplayError(
+            "use_vllm=False with a PEFT policy and beta != 0: TRL's reference is the policy "
+            "with its adapter off, and rr (R2) cannot tell that forward from the policy's own "
+            "to record the rollout's routes in it; set beta=0.0 or use_vllm=True"
+        )
+    _passes.STATES[instance] = _passes.TrainerState(replay=True, engine=engine)
     return result
 
 
 class TrlInstaller(core.Installer):
-    """rr's routing replay (R3) in TRL's GRPOTrainer with a colocated vLLM engine."""
+    """rr's routing replay in TRL's GRPOTrainer: R3 with a colocated vLLM engine, R2 when TRL
+    generates with the trainer's model (``use_vllm=False``)."""
 
     name = "trl"
     module = "rr_transformers.trl"

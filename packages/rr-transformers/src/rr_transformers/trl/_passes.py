@@ -26,7 +26,7 @@ import torch
 
 from rr_core import ReplayMode, StepReport
 from rr_transformers._routes import arm_routes
-from rr_transformers.trl import _engine
+from rr_transformers.trl import _engine, _record
 from rr_transformers.trl._binding import Binding, binding_for, bindings, open_bindings
 from rr_transformers.trl._errors import TrlReplayError
 from rr_transformers.trl._rows import ROUTES_KEY, RowRoutes, chunk_batch
@@ -46,7 +46,10 @@ class TrainerState:
     """What rr holds for one GRPOTrainer."""
 
     replay: bool
+    engine: bool = True  # routes from TRL's vLLM engine (R3); False: recorded here (R2)
     rows: list[RowRoutes] | None = None  # the rows of the forward in progress
+    recording: bool = False  # R2: inside a rollout whose routes are not yet recorded
+    recorded: list[RowRoutes] | None = None  # R2: the rollout's rows, once recorded
     seconds: float = 0.0  # rr's own time (decoding, arming, closing) since the last log
 
 
@@ -63,6 +66,8 @@ def generate_and_score(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> A
     state = STATES.get(instance)
     if state is None:
         return wrapped(*args, **kwargs)
+    if not state.engine:
+        return _generate_and_record(wrapped, instance, state, args, kwargs)
     _engine.pending.set(None)
     try:
         output = wrapped(*args, **kwargs)
@@ -73,6 +78,25 @@ def generate_and_score(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> A
         raise TrlReplayError("TRL generated this batch without its vLLM engine: no routes")
     state.seconds += rollout.seconds
     output[ROUTES_KEY] = rollout.rows
+    return output
+
+
+def _generate_and_record(
+    wrapped: Any, instance: Any, state: TrainerState, args: Any, kwargs: Any
+) -> Any:
+    """R2: the rollout's routes recorded in the first forward of its rows (TRL's old-log-prob
+    forward, or rr's own when TRL skips it; see :mod:`._record`)."""
+    state.recording, state.recorded = True, None
+    try:
+        output = wrapped(*args, **kwargs)
+        if state.recorded is None:
+            _record.record_forward(instance, output)
+        rows = state.recorded
+    finally:
+        state.recording, state.recorded = False, None
+    if rows is None:
+        raise TrlReplayError("the rollout's recording forward recorded no routes")
+    output[ROUTES_KEY] = rows
     return output
 
 
@@ -98,6 +122,13 @@ def compute_loss(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 def _rows_now(state: TrainerState) -> list[RowRoutes]:
     if state.rows is not None:
         return state.rows
+    if not state.engine:
+        if state.recorded is None:
+            raise TrlReplayError(
+                "a policy forward ran outside the rollout and the training step: rr recorded "
+                "no routes for its rows"
+            )
+        return state.recorded
     rollout = _engine.pending.get()
     if rollout is None:
         raise TrlReplayError(
@@ -110,7 +141,10 @@ def _rows_now(state: TrainerState) -> list[RowRoutes]:
 def per_token_logps(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     """``_get_per_token_logps_and_entropies``: one call per chunk, each armed."""
     state = STATES.get(instance)
-    if state is None or not state.replay:
+    if state is None:
+        return wrapped(*args, **kwargs)
+    record = state.recording and state.recorded is None
+    if not record and not state.replay:
         return wrapped(*args, **kwargs)
     bound = _signature(wrapped).bind(*args, **kwargs)
     bound.apply_defaults()
@@ -121,12 +155,33 @@ def per_token_logps(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             f"rr_transformers.trl replays text rows; this forward carries {images} (a "
             "vision-language batch): not supported"
         )
-    rows = _rows_now(state)
     model, input_ids, attention_mask = call["model"], call["input_ids"], call["attention_mask"]
-    binding = binding_for(instance.accelerator.unwrap_model(model))
+    unwrapped = instance.accelerator.unwrap_model(model)
+    policy = unwrapped is instance.accelerator.unwrap_model(instance.model)
+    if record and not policy:  # another model first (a reference): the policy records first
+        _record.record_rows(instance, input_ids, attention_mask, call["logits_to_keep"])
+        record = False
+        if not state.replay:
+            return wrapped(*args, **kwargs)
+    binding = binding_for(unwrapped)
+    if record:
+        return _recording_pass(wrapped, state, binding, call)
+    rows = _rows_now(state)
+    parts, start = [], 0
+    for chunk in _chunks(call):
+        end = start + chunk["input_ids"].shape[0]
+        parts.append(_replayed_chunk(wrapped, state, binding, rows[start:end], chunk))
+        start = end
+    if not torch.is_grad_enabled():  # a forward-only pass is a step of its own
+        _close(state, binding, "forward")
+    return _joined(parts, call)
+
+
+def _chunks(call: dict[str, Any]) -> list[dict[str, Any]]:
+    input_ids, attention_mask = call["input_ids"], call["attention_mask"]
     total = input_ids.shape[0]
     size = call["batch_size"] or total
-    parts = []
+    chunks = []
     for start in range(0, total, size):
         end = min(start + size, total)
         chunk = {**call, "input_ids": input_ids[start:end], "batch_size": end - start}
@@ -134,9 +189,38 @@ def per_token_logps(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         for name in _PER_ROW:
             if call.get(name) is not None:
                 chunk[name] = call[name][start:end]
-        parts.append(_replayed_chunk(wrapped, state, binding, rows[start:end], chunk))
-    if not torch.is_grad_enabled():  # a forward-only pass is a step of its own
-        _close(state, binding, "forward")
+        chunks.append(chunk)
+    return chunks
+
+
+def _recording_pass(
+    wrapped: Any, state: TrainerState, binding: Binding, call: dict[str, Any]
+) -> Any:
+    """R2: the rollout's first forward records each chunk's routes (native routing)."""
+    controller, rows, parts = binding.controller, [], []
+    try:
+        for chunk in _chunks(call):
+            index = binding.next_microbatch()
+            controller.set_mode(ReplayMode.RECORD)
+            with controller.microbatch(index):
+                parts.append(wrapped(**chunk))
+            start = time.perf_counter()
+            rows.extend(
+                _record.recorded_rows(
+                    controller, index, binding.layer_numbers, chunk["input_ids"],
+                    chunk["attention_mask"],
+                )
+            )  # fmt: skip
+            state.seconds += time.perf_counter() - start
+    except BaseException:
+        _close(state, binding, "record", failed=True)
+        raise
+    _close(state, binding, "record")
+    state.recorded = rows
+    return _joined(parts, call)
+
+
+def _joined(parts: list[Any], call: dict[str, Any]) -> Any:
     logps = torch.cat([p[0] for p in parts], dim=0)
     entropies = torch.cat([p[1] for p in parts], dim=0) if call["compute_entropy"] else None
     aux = torch.stack([p[2] for p in parts]).mean() if call["compute_aux_loss"] else None
