@@ -270,3 +270,21 @@ def test_verls_routing_patch_functions_are_refused_naming_the_rr_way() -> None:
     for fn in (rv.patched_routing, rv._patched_topk_routing_with_score_function):
         with pytest.raises(ReplayError, match="set_router_replay_data"):
             fn(None, torch.zeros(1, 1))
+
+
+def test_rr_reads_the_names_it_calls_from_one_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rr calls verl's helpers as attributes of ``_names.NAMES``: rr's function by default,
+    what replaced it on rr_megatron_compat.verl while replaced; unknown names are refused."""
+    names = rv._names.NAMES
+    assert names.preprocess_packed_seqs is rv._packing.preprocess_packed_seqs
+    assert names.get_current_rank_layer_info is rv.get_current_rank_layer_info
+
+    def pack(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    monkeypatch.setattr(rv, "preprocess_packed_seqs", pack)
+    assert names.preprocess_packed_seqs is pack
+    monkeypatch.undo()
+    assert names.preprocess_packed_seqs is rv._packing.preprocess_packed_seqs
+    with pytest.raises(TypeError, match=r"got \['nope'\]"):
+        names.provide(nope=pack)

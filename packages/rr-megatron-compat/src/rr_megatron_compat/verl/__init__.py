@@ -26,16 +26,17 @@ any verl code.
 
 The module's names are verl's two modules' names: what they define, and what they import
 that a test or a fix could replace (``mpu``, ``TopKRouter``, ``get_schedule_table``, the
-sequence-parallel collectives, the THD packing functions, ``device_name``, ...). rr's code looks
-each of those up here when it runs, so replacing one here changes what rr does. Megatron's
+sequence-parallel collectives, the THD packing functions, ``device_name``, ...). rr's code reads
+those it calls as attributes of one object, :data:`rr_megatron_compat.verl._names.NAMES`;
+replacing one here replaces it there, so it changes what rr does. Megatron's
 objects among them load on first use. See the package README, "Migrating from verl", for the
 differences.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import sys
 import types
 import warnings
 from enum import Enum
@@ -99,27 +100,7 @@ __all__ = [
 
 
 #: verl's names for Megatron objects, loaded on first use: (module, attribute).
-_MEGATRON = {
-    "mpu": ("megatron.core", "parallel_state"),
-    "TopKRouter": ("megatron.core.transformer.moe.router", "TopKRouter"),
-    "TransformerConfig": ("megatron.core.transformer.transformer_config", "TransformerConfig"),
-    "get_schedule_table": ("megatron.core.pipeline_parallel.schedules", "get_schedule_table"),
-    "is_vp_first_stage": ("megatron.core.pipeline_parallel.utils", "is_vp_first_stage"),
-    "is_vp_last_stage": ("megatron.core.pipeline_parallel.utils", "is_vp_last_stage"),
-    "MoEAlltoAllTokenDispatcher": (
-        "megatron.core.transformer.moe.token_dispatcher",
-        "MoEAlltoAllTokenDispatcher",
-    ),
-    "apply_router_token_dropping": (
-        "megatron.core.transformer.moe.moe_utils",
-        "apply_router_token_dropping",
-    ),
-    "compute_routing_scores_for_aux_loss": (
-        "megatron.core.transformer.moe.moe_utils",
-        "compute_routing_scores_for_aux_loss",
-    ),
-    "group_limited_topk": ("megatron.core.transformer.moe.moe_utils", "group_limited_topk"),
-}
+_MEGATRON = _names.MEGATRON
 
 #: install / uninstall / is_installed are the switch of every verl side (_switch); attach /
 #: detach are the Megatron side's, rr_megatron_compat's (verl's models are Megatron's)
@@ -187,18 +168,51 @@ def remove_router_replay_patch() -> None:
     remove_router_patch()
 
 
+def _api() -> dict[str, Any]:
+    """rr's public API as this module holds it now (what install() puts in verl's modules)."""
+    return {name: globals()[name] for name in __all__}
+
+
+ADAPTER.api = _api
+_names.NAMES.provide(
+    get_device_name=get_device_name,
+    _context_parallel_layout=_context_parallel_layout,
+    scatter_to_sequence_parallel_region=scatter_to_sequence_parallel_region,
+    gather_from_sequence_parallel_region=gather_from_sequence_parallel_region,
+    get_transformer_layer_offset=get_transformer_layer_offset,
+    get_num_layers_to_build=get_num_layers_to_build,
+    get_current_rank_layer_info=get_current_rank_layer_info,
+    is_moe_layer=is_moe_layer,
+    RouterReplayHelper=RouterReplayHelper,
+    preprocess_packed_seqs=preprocess_packed_seqs,
+    postprocess_packed_seqs=postprocess_packed_seqs,
+    preprocess_thd_engine=preprocess_thd_engine,
+    postprocess_thd_engine=postprocess_thd_engine,
+)
+_READ = frozenset(_names.VerlNames.names())  # the names rr reads through _names.NAMES
+
+
+class _Module(types.ModuleType):
+    """This module: replacing one of the names rr reads (``rv.mpu = ...``) replaces it in
+    :data:`rr_megatron_compat.verl._names.NAMES`, where rr reads it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in _READ:
+            _names.NAMES.replace(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        super().__delattr__(name)
+        if name in _READ:
+            _names.NAMES.restore(name)
+
+
+sys.modules[__name__].__class__ = _Module
+
+
 def __getattr__(name: str) -> Any:
     # Megatron's objects load on first use (importing this module imports no megatron);
-    # device_name is verl's module constant, read when asked (a test may set it here)
-    if name in _MEGATRON:
-        module, attribute = _MEGATRON[name]
-        try:
-            return getattr(importlib.import_module(module), attribute)
-        except ImportError as error:  # verl's module lacks it on this line too (it only warns)
-            raise AttributeError(
-                f"module {__name__!r} has no attribute {name!r}: this megatron-core has no "
-                f"{module}.{attribute} ({error})"
-            ) from error
-    if name == "device_name":
-        return get_device_name()
+    # device_name is verl's module constant, read when asked
+    if name in _MEGATRON or name == "device_name":
+        return _names.NAMES.read(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

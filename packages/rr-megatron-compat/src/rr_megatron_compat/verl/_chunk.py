@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-import rr_megatron_compat.verl as surface
 from rr_core import ReplayController, ReplayError, ReplayMode, walk_routers
 from rr_core.replay.walk import is_router_by_name
+from rr_megatron_compat.verl._names import NAMES
 from rr_megatron_compat.verl._views import (
     _BUILT,
     _CHUNKS,
@@ -201,7 +201,7 @@ def _is_router(module: nn.Module) -> bool:
     ``TopKRouter`` when something replaced it there (Megatron's is never imported for this)."""
     if is_router_by_name(module):
         return True
-    cls = vars(surface).get("TopKRouter")
+    cls = NAMES.replaced_router_class()
     return isinstance(cls, type) and isinstance(module, cls)
 
 

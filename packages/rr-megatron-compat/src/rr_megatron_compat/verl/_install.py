@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from rr_core import ReplayController
@@ -25,7 +26,7 @@ from rr_core.adapters import Adapter, Attachment
 from rr_core.patching import PATCH_LOCK, Patches, RRWrapper
 from rr_core.verl_release import check_verl_release
 from rr_megatron_compat.verl._chunk import release_all
-from rr_megatron_compat.verl._names import current, forget_as_installed, remember_as_installed
+from rr_megatron_compat.verl._names import NAMES, VerlNames
 from rr_megatron_compat.verl._views import register_router, replay_enabled, view_of
 
 #: verl's router-replay modules (verl 0.9.1).
@@ -72,7 +73,7 @@ def apply_router_patch() -> None:
         if _ROUTER_SWAPS.in_place():
             return
         _ROUTER_SWAPS.restore()
-        router_cls = current("TopKRouter")
+        router_cls = NAMES.TopKRouter
         _ROUTER_SWAPS.wrap(router_cls, "__init__", _register_after_init, kind=_RegisterBuilt)
         if "router_replay" not in vars(router_cls):
             _ROUTER_SWAPS.set(router_cls, "router_replay", _RouterReplayAttribute())
@@ -103,9 +104,15 @@ class VerlAdapter(Adapter):
     #: when a process imports either (verl's Megatron engine imports both).
     verl_modules = VERL_MODULES
 
+    #: the names rr reads verl's helpers by (bound to verl's modules while installed)
+    names: VerlNames = NAMES
+
     def __init__(self) -> None:
         super().__init__()
         self.originals: dict[str, Any] = {}  # verl's own object of each name rr replaced
+        #: rr's public API as rr_megatron_compat.verl holds it now (name -> object): the names
+        #: put in verl's modules (the package face hands it over; this module never imports it)
+        self.api: Callable[[], dict[str, Any]] = dict
 
     def check_dependencies(self, *, force: bool) -> None:
         check_verl_release("rr's verl Megatron engine side", force=force)
@@ -116,35 +123,33 @@ class VerlAdapter(Adapter):
     def _install(self, *, force: bool) -> tuple[str, ...]:
         """The router patch, then every name of verl's two router-replay modules that rr
         provides, wherever verl imported it. Returns the qualified names replaced."""
-        import rr_megatron_compat.verl as ours
-
         apply_router_patch()
         if not self.patches.in_place():
             self.patches.restore()
             sources = [importlib.import_module(name) for name in VERL_MODULES]
             self.originals.clear()
+            ours = self.api()
             for module in sources:
-                for name in ours.__all__:
+                for name, own in ours.items():
                     value = vars(module).get(name, _MISSING)
-                    if value is not _MISSING and value is not getattr(ours, name):
+                    if value is not _MISSING and value is not own:
                         self.originals.setdefault(name, value)
             for module in _verl_modules():
                 for name, original in self.originals.items():
                     if vars(module).get(name, _MISSING) is original:
-                        self.patches.set(module, name, getattr(ours, name))
-            remember_as_installed(sources, {*ours.__all__, *ours.VERL_MODULE_NAMES})
+                        self.patches.set(module, name, ours[name])
+            self.names.bind(sources)
         return tuple(f"{owner.__name__}.{attribute}" for owner, attribute in self.patches)
 
     def _uninstall(self) -> int:
         """verl's own names back (where rr's are still in place, also in verl modules imported
         after install, which bound rr's names), then the router patch removed."""
-        import rr_megatron_compat.verl as ours
-
-        forget_as_installed()
+        self.names.unbind()
         removed = self.patches.restore()
+        ours = self.api() if self.originals else {}
         for module in _verl_modules() if self.originals else []:
             for name, original in self.originals.items():
-                if vars(module).get(name, _MISSING) is getattr(ours, name):
+                if vars(module).get(name, _MISSING) is ours.get(name, _MISSING):
                     setattr(module, name, original)
                     removed += 1
         self.originals.clear()

@@ -18,7 +18,7 @@ from rr_megatron_compat._checks import as_index, check_tensor
 from rr_megatron_compat._layout import layout_config
 from rr_megatron_compat._pipeline import pp_gather as _rr_pp_gather
 from rr_megatron_compat._wire import all_gather_exact
-from rr_megatron_compat.verl._names import current
+from rr_megatron_compat.verl._names import NAMES
 
 
 def offsets(jagged: torch.Tensor) -> torch.Tensor:
@@ -39,7 +39,7 @@ def _vp(cfg: LayoutConfig, vp_stage: int | None) -> int | None:
 
 def current_pipeline_rank() -> int:
     """This process's pipeline rank, from the parallel state verl's module calls ``mpu``."""
-    return int(current("mpu").get_pipeline_model_parallel_rank())
+    return int(NAMES.mpu.get_pipeline_model_parallel_rank())
 
 
 def _pp(pp_rank: int | None) -> int:
@@ -72,8 +72,8 @@ def get_current_rank_layer_info(tf_config: Any, vp_rank: int | None = None) -> d
     """``{"start", "end", "count"}``: 0-based decoder layer range of this rank's virtual stage
     (``get_num_layers_to_build`` and ``get_transformer_layer_offset``, as verl composes them)."""
     vp = _vp(layout_config(tf_config), vp_rank)
-    count = int(current("get_num_layers_to_build")(tf_config, vp_stage=vp))
-    start = int(current("get_transformer_layer_offset")(tf_config, vp_stage=vp))
+    count = int(NAMES.get_num_layers_to_build(tf_config, vp_stage=vp))
+    start = int(NAMES.get_transformer_layer_offset(tf_config, vp_stage=vp))
     return {"start": start, "end": start + count, "count": count}
 
 
@@ -127,7 +127,7 @@ def pp_gather(local_layers_router_map: torch.Tensor, tf_config: Any) -> torch.Te
     )
     if pp_size <= 1:
         return local_layers_router_map
-    group = current("mpu").get_pipeline_model_parallel_group()
+    group = NAMES.mpu.get_pipeline_model_parallel_group()
     group = group[0] if isinstance(group, list) else group
     world = int(torch.distributed.get_world_size(group))
     if world != pp_size:
@@ -200,9 +200,7 @@ def reorder_and_merge_vpp_layers(
     ):
         if as_index(value, name, LayoutError) < 1:
             raise LayoutError(f"{name} must be >= 1; got {value}")
-    table = current("get_schedule_table")(
-        num_microbatches, vpp_size, microbatch_group_size_per_vp_stage
-    )
+    table = NAMES.get_schedule_table(num_microbatches, vpp_size, microbatch_group_size_per_vp_stage)
     if len(micro_batch_tensor_list) != len(table):
         raise LayoutError(
             f"{len(micro_batch_tensor_list)} records for {len(table)} scheduled "

@@ -22,7 +22,7 @@ from rr_megatron_compat._checks import check_instance
 from rr_megatron_compat._guards import ReplayConfigError
 from rr_megatron_compat._tokens import sp_alignment, thd_cp_index
 from rr_megatron_compat._wire import all_gather_exact
-from rr_megatron_compat.verl._names import current
+from rr_megatron_compat.verl._names import NAMES
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class PackedRows:
 
 def _parallel(local_cp_size: int | None) -> tuple[int, int, int, Any]:
     """(tp, cp, cp_rank, cp_group) from the parallel state verl's module calls ``mpu``."""
-    mpu = current("mpu")
+    mpu = NAMES.mpu
     tp = int(mpu.get_tensor_model_parallel_world_size())
     if local_cp_size is None:
         cp = int(mpu.get_context_parallel_world_size())
@@ -123,7 +123,7 @@ def _unpack(rows: torch.Tensor, params: PackedRows) -> torch.Tensor:
     if params.cp_size > 1:
         group = params.cp_group
         if group is None:
-            group = current("mpu").get_context_parallel_group()
+            group = NAMES.mpu.get_context_parallel_group()
         full = rows.new_zeros((int(params.cu_seqlens_padded[-1]), *rows.shape[1:]))
         for rank, part in enumerate(all_gather_exact(rows.contiguous(), group)):
             index = thd_cp_index(params.cu_seqlens_padded, rank, params.cp_size)

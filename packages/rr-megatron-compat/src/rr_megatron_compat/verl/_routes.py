@@ -13,7 +13,7 @@ from rr_megatron_compat._checks import as_index, check_model, check_tensor
 from rr_megatron_compat.verl._chunk import chunks_of
 from rr_megatron_compat.verl._helper import Model
 from rr_megatron_compat.verl._layers import offsets, route_layer_numbers
-from rr_megatron_compat.verl._names import current
+from rr_megatron_compat.verl._names import NAMES
 from rr_megatron_compat.verl._rows import from_router_rows, to_router_rows
 from rr_megatron_compat.verl._views import RouterReplay
 
@@ -77,7 +77,7 @@ def set_router_replay_data(
             chunk.stage_rows(rows, layers, mask)
         return
     slot = {n: i for i, n in enumerate(layers)}
-    routers = current("RouterReplayHelper").get_micro_batch_router_list(tf_config, vp_rank)
+    routers = NAMES.RouterReplayHelper.get_micro_batch_router_list(tf_config, vp_rank)
     for number, router in zip(_stage_layers(routers, tf_config, vp_rank), routers, strict=True):
         if number not in slot:
             raise ReplayError(
@@ -95,10 +95,8 @@ def _stage_layers(routers: list[Any], tf_config: Any, vp_rank: int | None) -> li
     the stage is its n-th MoE layer of ``get_current_rank_layer_info``'s range)."""
     if all(isinstance(r, RouterReplay) for r in routers):
         return [r.layer_number for r in routers]
-    info = current("get_current_rank_layer_info")(tf_config, vp_rank)
-    moe = [
-        i + 1 for i in range(info["start"], info["end"]) if current("is_moe_layer")(tf_config, i)
-    ]
+    info = NAMES.get_current_rank_layer_info(tf_config, vp_rank)
+    moe = [i + 1 for i in range(info["start"], info["end"]) if NAMES.is_moe_layer(tf_config, i)]
     if len(moe) != len(routers):
         raise ReplayError(
             f"{len(routers)} routers for the {len(moe)} MoE layers {moe} of this stage; routers "
@@ -168,7 +166,7 @@ def _recorded_rows(tf_config: Any, vp_rank: int | None, model: Model | None) -> 
                 "merge_router_topk_indices: routers of more than one chunk; pass one chunk"
             )
         return _chunk_rows(chunks[0]) if chunks else None
-    routers = current("RouterReplayHelper").get_micro_batch_router_list(tf_config, vp_rank)
+    routers = NAMES.RouterReplayHelper.get_micro_batch_router_list(tf_config, vp_rank)
     if not routers:
         return None
     owners: dict[int, Any] = {}

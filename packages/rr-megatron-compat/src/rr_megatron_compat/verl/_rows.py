@@ -16,7 +16,7 @@ import torch
 
 from rr_core import AlignmentError
 from rr_megatron_compat.verl._layers import offsets
-from rr_megatron_compat.verl._names import current
+from rr_megatron_compat.verl._names import NAMES
 from rr_megatron_compat.verl._packing import PackedRows
 
 
@@ -25,7 +25,7 @@ def _layout_args(tf_config: Any, local_cp_size: int | None) -> dict[str, Any]:
         "pre_process": True,
         "use_fp8_padding": getattr(tf_config, "fp8", None) in ("e4m3", "hybrid"),
         "local_cp_size": local_cp_size,
-        "cp_layout": current("_context_parallel_layout")(tf_config),
+        "cp_layout": NAMES._context_parallel_layout(tf_config),
     }
 
 
@@ -34,10 +34,10 @@ def _packed(
 ) -> tuple[torch.Tensor, Any]:
     """``[T_local, ...]`` of a jagged or dense batch, and what the packing returned about it."""
     if batch.is_nested:
-        rows, params, _ = current("preprocess_thd_engine")(batch, **_layout_args(tf_config, lcs))
+        rows, params, _ = NAMES.preprocess_thd_engine(batch, **_layout_args(tf_config, lcs))
     else:
         use_fp8 = _layout_args(tf_config, lcs)["use_fp8_padding"]
-        rows, params = current("preprocess_packed_seqs")(
+        rows, params = NAMES.preprocess_packed_seqs(
             batch, attention_mask, pre_process=True, use_fp8_padding=use_fp8
         )
     return rows.squeeze(0), params
@@ -65,10 +65,10 @@ def to_router_rows(
     if isinstance(params, PackedRows) and sum(params.lengths) != int(params.cu_seqlens_padded[-1]):
         valid = params.valid_rows().to(rows.device)
         mask = valid if mask is None else mask & valid.to(mask.device)
-    device = current("device_name")
-    rows = current("scatter_to_sequence_parallel_region")(rows.to(device))
+    device = NAMES.device_name
+    rows = NAMES.scatter_to_sequence_parallel_region(rows.to(device))
     if mask is not None:
-        mask = current("scatter_to_sequence_parallel_region")(mask.to(device))
+        mask = NAMES.scatter_to_sequence_parallel_region(mask.to(device))
     return rows, None if mask is None or bool(mask.all()) else mask
 
 
@@ -82,14 +82,14 @@ def from_router_rows(
     """Inverse of :func:`to_router_rows` for the recorded int16 rows ``[T_local, m, K]``: jagged
     ``[B, j, m, K]`` on ``input_ids``' offsets, or dense ``[B, S, m, K]`` with zeros outside
     ``attention_mask`` (every row without one)."""
-    payload = rows.to(current("device_name"), torch.int16).contiguous().view(torch.uint8)
-    payload = current("gather_from_sequence_parallel_region")(
+    payload = rows.to(NAMES.device_name, torch.int16).contiguous().view(torch.uint8)
+    payload = NAMES.gather_from_sequence_parallel_region(
         payload, tensor_parallel_output_grad=False
     ).unsqueeze(0)
     if input_ids.is_nested:
         args = _layout_args(tf_config, local_cp_size)
-        _, params, _ = current("preprocess_thd_engine")(input_ids, **args)
-        out = current("postprocess_thd_engine")(
+        _, params, _ = NAMES.preprocess_thd_engine(input_ids, **args)
+        out = NAMES.postprocess_thd_engine(
             payload,
             params,
             input_ids,
@@ -101,11 +101,11 @@ def from_router_rows(
         values = out.values().contiguous().view(torch.int16)
         return torch.nested.nested_tensor_from_jagged(values, offsets(out))
     use_fp8 = _layout_args(tf_config, local_cp_size)["use_fp8_padding"]
-    _, params = current("preprocess_packed_seqs")(
+    _, params = NAMES.preprocess_packed_seqs(
         input_ids, attention_mask, pre_process=True, use_fp8_padding=use_fp8
     )
     batch_size, seq_len = input_ids.shape[:2]
-    padded = current("postprocess_packed_seqs")(
+    padded = NAMES.postprocess_packed_seqs(
         payload, params, attention_mask, batch_size, seq_len, post_process=True
     )
     return torch.as_tensor(padded).view(torch.int16)
