@@ -3,6 +3,7 @@ first failure pytest named (``nox -s newest``)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -26,11 +27,19 @@ def first_failure(output: str) -> str:
     return lines[-1] if lines else "no output"
 
 
+#: pytest's closing line ("3 passed, 1 skipped in 2.05s", "no tests ran in 0.10s"), with or
+#: without its ``=`` rule.
+_SUMMARY = re.compile(r"^=*\s*(\d+ \w+|no tests ran)\b.* in [\d.]+s\b")
+
+
 def outcome(dependency: str, release: str, output: str) -> Outcome:
     """The line of a pytest run whose output is ``output``: passed when its summary counts
-    passes and no failure or error (no tests collected is a failure)."""
-    lines = [line for line in output.splitlines() if line.strip()]
-    summary = lines[-1] if lines else ""
+    passes and no failure or error (no tests collected is a failure). The summary is pytest's
+    last closing line, not the output's last line: processes the tests started (Ray's workers)
+    may log after it."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    summaries = [line for line in lines if _SUMMARY.match(line)]
+    summary = summaries[-1] if summaries else ""
     passed = " passed" in summary and not any(w in summary for w in ("failed", "error"))
     return Outcome(dependency, release, passed, "" if passed else first_failure(output))
 

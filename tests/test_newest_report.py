@@ -29,3 +29,14 @@ def test_the_table_has_one_line_per_dependency():
     assert len(lines) == 3
     assert lines[1].split()[:3] == ["transformers", "5.25.0", "pass"]
     assert lines[2].split()[:4] == ["vllm", "0.34.0", "FAIL", "FAILED"]
+
+
+def test_the_summary_is_pytests_closing_line_not_the_last_line():
+    late = "WARNING:2026-12-05 18:25:35,342:Platform 'nvidia' (PlatformCUDA) is registered"
+    assert outcome(
+        "verl", "0.9.1", f"....\n===== 4 passed, 2 skipped in 61.02s =====\n{late}"
+    ).passed
+    failed = outcome("verl", "0.9.1", f"..F\nFAILED a.py::t - x\n1 failed, 2 passed in 3s\n{late}")
+    assert not failed.passed
+    assert failed.first_failure == "FAILED a.py::t - x"
+    assert not outcome("verl", "0.9.1", f"Traceback\n{late}").passed  # no summary: a crash
