@@ -95,17 +95,15 @@ def overrides(
         "+actor_rollout_ref.model.override_config.attn_implementation=eager",  # no flash-attn
         f"{actor}.strategy={spec.engine}",
         f"{actor}.ppo_mini_batch_size=4",
-        # one micro-batch a pass (4 prompts x 2 samples): with two, rr_transformers' packed-forward
-        # check reads micro-batch 0's positions in micro-batch 1's forward (it looks for the
-        # controller's current micro-batch where rr_core's controller no longer keeps it)
-        f"{actor}.ppo_micro_batch_size_per_gpu=8",
+        # two micro-batches a pass (4 prompts x 2 samples, 4 a micro-batch): each armed apart
+        f"{actor}.ppo_micro_batch_size_per_gpu=4",
         f"{actor}.use_kl_loss=false",
         "algorithm.use_kl_in_reward=false",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.dtype=float32",  # the engine's log-probs comparable
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.enforce_eager=true",
         "actor_rollout_ref.rollout.load_format=auto",
         "actor_rollout_ref.rollout.agent.num_workers=1",
