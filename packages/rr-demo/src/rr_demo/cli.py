@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -192,47 +192,20 @@ def _run(args: argparse.Namespace) -> int:
     if problem:
         print(f"rr demo: {problem}", file=sys.stderr)
         return 2
-    stages = 6
-    screen = sys.stderr  # the bar keeps the real terminal while library output is captured
-    with tqdm(total=stages, desc="rr demo", unit="stage", disable=args.json, file=screen) as bar:
-        started = [False]
 
-        def progress(stage: str) -> None:
-            if started[0]:
-                bar.update(1)
-            started[0] = True
-            bar.set_postfix_str(stage)
+    def demo(progress: Callable[[str], None]) -> Any:
+        from rr_demo.chain import run_demo
+        from rr_demo.config import DemoConfig, TransformersDemoConfig
 
-        held = _Captured()
-        try:
-            with captured() as held:
-                from rr_demo.chain import run_demo
-                from rr_demo.config import DemoConfig, TransformersDemoConfig
+        cfg: DemoConfig | TransformersDemoConfig = DemoConfig(engine=args.engine)
+        if args.backend == "transformers":
+            chosen = {} if args.family is None else {"family": args.family}
+            cfg = TransformersDemoConfig(engine=args.engine, **chosen)
+        return run_demo(cfg, progress=progress)
 
-                cfg: DemoConfig | TransformersDemoConfig = DemoConfig(engine=args.engine)
-                if args.backend == "transformers":
-                    chosen = {} if args.family is None else {"family": args.family}
-                    cfg = TransformersDemoConfig(engine=args.engine, **chosen)
-                result = run_demo(cfg, progress=progress)
-        except BaseException:
-            bar.close()
-            _show(held, verbose=True)  # the messages may say why it failed
-            raise
-        bar.update(1)
-    _show(held, args.verbose)
-    if args.json:
-        print(json.dumps(asdict(result), indent=2))
-    else:
-        print(render(result))
-    sys.stdout.flush()  # the figures are on screen before the drawing starts
-    if args.plot:
-        try:
-            plot(result, args.plot)
-        except OSError as exc:
-            print(f"rr demo: --plot {args.plot}: cannot write ({exc.strerror or exc})",
-                  file=sys.stderr)  # fmt: skip
-            return 1
-        print(f"plot written to {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    result = _run_staged(args, tqdm, "rr demo", 6, demo)
+    if not _show_figures(args, result, render, plot):
+        return 1
     return 0 if result.mismatch_with_replay == 0.0 else 1
 
 
@@ -258,9 +231,21 @@ def _run_loop(args: argparse.Namespace, tqdm: Any) -> int:
         return 2
     from rr_demo import loop
 
-    stages = 3
-    with tqdm(total=stages, desc="rr demo --loop", unit="stage", disable=args.json,
-              file=sys.stderr) as bar:  # fmt: skip
+    result = _run_staged(
+        args, tqdm, "rr demo --loop", 3, lambda progress: loop.run_loop(steps, progress=progress)
+    )
+    if not _show_figures(args, result, loop.render, loop.plot):
+        return 1
+    return 0 if all(s.differ == 0 for s in result.run(True)) else 1
+
+
+def _run_staged(
+    args: argparse.Namespace, tqdm: Any, desc: str, stages: int, work: Callable[..., Any]
+) -> Any:
+    """``work(progress)`` under a progress bar of ``stages`` stages, with the libraries' output
+    held: the bar keeps the real terminal (stderr); what was held is shown when the run fails
+    (it may say why) or with ``--verbose``."""
+    with tqdm(total=stages, desc=desc, unit="stage", disable=args.json, file=sys.stderr) as bar:
         started = [False]
 
         def progress(stage: str) -> None:
@@ -272,27 +257,37 @@ def _run_loop(args: argparse.Namespace, tqdm: Any) -> int:
         held = _Captured()
         try:
             with captured() as held:
-                result = loop.run_loop(steps, progress=progress)
+                result = work(progress)
         except BaseException:
             bar.close()
             _show(held, verbose=True)
             raise
         bar.update(1)
     _show(held, args.verbose)
+    return result
+
+
+def _show_figures(
+    args: argparse.Namespace,
+    result: Any,
+    render: Callable[[Any], str],
+    plot: Callable[[Any, str], object],
+) -> bool:
+    """The figures (JSON or the table), then ``--plot``'s file; False if it cannot be written."""
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:
-        print(loop.render(result))
-    sys.stdout.flush()
+        print(render(result))
+    sys.stdout.flush()  # the figures are on screen before the drawing starts
     if args.plot:
         try:
-            loop.plot(result, args.plot)
+            plot(result, args.plot)
         except OSError as exc:
             print(f"rr demo: --plot {args.plot}: cannot write ({exc.strerror or exc})",
                   file=sys.stderr)  # fmt: skip
-            return 1
+            return False
         print(f"plot written to {args.plot}", file=sys.stderr if args.json else sys.stdout)
-    return 0 if all(s.differ == 0 for s in result.run(True)) else 1
+    return True
 
 
 def backend_problem(args: argparse.Namespace) -> str | None:

