@@ -322,7 +322,9 @@ def figure(result: LoopResult) -> Any:
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     fig, (routes, gap) = plt.subplots(1, 2, figsize=(9.6, 3.6))
-    for replay, label, color in ((False, "without rr", "C0"), (True, "with rr (R3 replay)", "C1")):
+    # matplotlib's first two cycle colours, spelled out ("C0" reads as a failure code)
+    runs = ((False, "without rr", "tab:blue"), (True, "with rr (R3 replay)", "tab:orange"))
+    for replay, label, color in runs:
         run = result.run(replay)
         xs = [s.step for s in run]
         shares = [100 * s.share for s in run]
