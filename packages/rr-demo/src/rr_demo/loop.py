@@ -322,7 +322,7 @@ def figure(result: LoopResult) -> Any:
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     fig, (routes, gap) = plt.subplots(1, 2, figsize=(9.6, 3.6))
-    # matplotlib's first two cycle colours, spelled out ("C0" reads as a failure code)
+    # matplotlib's first two cycle colours, by name (its cycle names read as failure codes)
     runs = ((False, "without rr", "tab:blue"), (True, "with rr (R3 replay)", "tab:orange"))
     for replay, label, color in runs:
         run = result.run(replay)
