@@ -15,6 +15,8 @@ class Outcome:
     release: str
     passed: bool
     first_failure: str = ""
+    #: pytest's counts ("412 passed, 9 skipped"): a suite that skipped what it was to run shows
+    summary: str = ""
 
 
 def first_failure(output: str) -> str:
@@ -30,6 +32,8 @@ def first_failure(output: str) -> str:
 #: pytest's closing line ("3 passed, 1 skipped in 2.05s", "no tests ran in 0.10s"), with or
 #: without its ``=`` rule.
 _SUMMARY = re.compile(r"^=*\s*(\d+ \w+|no tests ran)\b.* in [\d.]+s\b")
+#: The summary's closing " in 61.02s (0:01:01)".
+_TIME = re.compile(r" in [\d.]+s\b.*$")
 
 
 def outcome(dependency: str, release: str, output: str) -> Outcome:
@@ -41,14 +45,21 @@ def outcome(dependency: str, release: str, output: str) -> Outcome:
     summaries = [line for line in lines if _SUMMARY.match(line)]
     summary = summaries[-1] if summaries else ""
     passed = " passed" in summary and not any(w in summary for w in ("failed", "error"))
-    return Outcome(dependency, release, passed, "" if passed else first_failure(output))
+    counts = _TIME.sub("", summary.strip("= "))
+    return Outcome(dependency, release, passed, "" if passed else first_failure(output), counts)
 
 
 def table(outcomes: list[Outcome]) -> str:
-    """One line per dependency: name, release, pass / FAIL, first failure."""
+    """One line per dependency: name, release, pass / FAIL, pytest's counts, first failure."""
     width = max([len(o.dependency) for o in outcomes] + [10])
-    lines = [f"{'dependency':<{width}}  {'release':<10}  result  first failure"]
+    counts = max([len(o.summary) for o in outcomes] + [5])
+    lines = [
+        f"{'dependency':<{width}}  {'release':<10}  result  {'tests':<{counts}}  first failure"
+    ]
     for o in outcomes:
         verdict = "pass" if o.passed else "FAIL"
-        lines.append(f"{o.dependency:<{width}}  {o.release:<10}  {verdict:<6}  {o.first_failure}")
+        lines.append(
+            f"{o.dependency:<{width}}  {o.release:<10}  {verdict:<6}  {o.summary:<{counts}}  "
+            f"{o.first_failure}".rstrip()
+        )
     return "\n".join(lines)

@@ -40,3 +40,11 @@ def test_the_summary_is_pytests_closing_line_not_the_last_line():
     assert not failed.passed
     assert failed.first_failure == "FAILED a.py::t - x"
     assert not outcome("verl", "0.9.1", f"Traceback\n{late}").passed  # no summary: a crash
+
+
+def test_the_line_carries_pytests_counts_so_a_skipped_suite_shows():
+    found = outcome("trl", "1.16.0", "..s\n===== 2 passed, 40 skipped in 61.02s (0:01:01) =====")
+    assert found.passed
+    assert found.summary == "2 passed, 40 skipped"
+    assert "2 passed, 40 skipped" in table([found]).splitlines()[1]
+    assert outcome("trl", "1.16.0", "Traceback").summary == ""
