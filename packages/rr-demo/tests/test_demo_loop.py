@@ -20,11 +20,15 @@ from rr_core.cli.main import main
         (["--loop", "--steps", "0"], "--steps must be at least 1, got 0"),
         (
             ["--loop", "--backend", "transformers"],
-            "--loop trains with TRL on vLLM; --backend, --family and --engine do not apply",
+            "--loop trains with TRL on vLLM; --backend and --engine do not apply",
         ),
         (
             ["--loop", "--engine", "emulated"],
-            "--loop trains with TRL on vLLM; --backend, --family and --engine do not apply",
+            "--loop trains with TRL on vLLM; --backend and --engine do not apply",
+        ),
+        (
+            ["--loop", "--family", "mixtral"],
+            "--loop --family mixtral: choose one of qwen3_moe, olmoe",
         ),
     ],
 )
@@ -72,3 +76,22 @@ def test_loop_trains_two_steps_without_and_with_rr(
                                             ("replay", "2")], table  # fmt: skip
     assert [r[2] for r in rows[2:]] == [f"0/{s['pairs']}" for s in on], table
     assert [r[2] for r in rows[:2]] == [f"{s['differ']}/{s['pairs']}" for s in off], table
+
+
+def test_loop_trains_olmoe_with_family(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--family olmoe``: the tiny OLMoE checkpoint (every layer MoE), one step each run; with
+    rr no pair of its training forward is routed differently from the engine."""
+    from rr_demo import loop
+
+    problem = loop.problem()
+    if problem is not None:
+        pytest.skip(f"rr demo --loop cannot run here: {problem}")
+
+    assert main(["demo", "--loop", "--family", "olmoe", "--steps", "1", "--json"]) == 0
+
+    result = json.loads(capsys.readouterr().out)
+    assert result["family"] == "olmoe", result["family"]
+    assert [(s["replay"], s["step"]) for s in result["steps"]] == [(False, 1), (True, 1)]
+    on = result["steps"][1]
+    assert on["pairs"] > 0, on
+    assert on["differ"] == 0, f"expected no pair routed differently: {on}"

@@ -211,13 +211,17 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_loop(args: argparse.Namespace, tqdm: Any) -> int:
     """``rr demo --loop``: TRL's GRPOTrainer on vLLM's CPU build, without and with rr."""
+    from rr_demo.loop import LOOP_FAMILIES  # the loop's module imports its libraries lazily
+
     steps = 3 if args.steps is None else args.steps
     if not args.loop:
         problem: str | None = "--steps needs --loop"
     elif steps < 1:
         problem = f"--steps must be at least 1, got {steps}"
-    elif args.backend != "megatron" or args.family is not None or args.engine != "auto":
-        problem = "--loop trains with TRL on vLLM; --backend, --family and --engine do not apply"
+    elif args.backend != "megatron" or args.engine != "auto":
+        problem = "--loop trains with TRL on vLLM; --backend and --engine do not apply"
+    elif args.family is not None and args.family not in LOOP_FAMILIES:
+        problem = f"--loop --family {args.family}: choose one of {', '.join(LOOP_FAMILIES)}"
     else:
         problem = plot_problem(args.plot) if args.plot else None
     if problem is None:
@@ -231,9 +235,12 @@ def _run_loop(args: argparse.Namespace, tqdm: Any) -> int:
         return 2
     from rr_demo import loop
 
-    result = _run_staged(
-        args, tqdm, "rr demo --loop", 3, lambda progress: loop.run_loop(steps, progress=progress)
-    )
+    family = args.family or loop.FAMILY
+
+    def train(progress: Callable[[str], None]) -> Any:
+        return loop.run_loop(steps, family=family, progress=progress)
+
+    result = _run_staged(args, tqdm, "rr demo --loop", 3, train)
     if not _show_figures(args, result, loop.render, loop.plot):
         return 1
     return 0 if all(s.differ == 0 for s in result.run(True)) else 1
@@ -334,7 +341,8 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--family",
         metavar="MODEL_TYPE",
-        help="with --backend transformers: the MoE family (default qwen3_moe)",
+        help="with --backend transformers: the MoE family (default qwen3_moe); with --loop: "
+        "qwen3_moe (default) or olmoe",
     )
     parser.add_argument(
         "--engine",

@@ -1,13 +1,13 @@
 """``rr demo --loop``: routing replay in a short real GRPO training run.
 
-TRL's own ``GRPOTrainer`` trains a tiny Qwen3-MoE checkpoint (``rr_fakes.hf_checkpoints``) for a
-few steps, rolling out on vLLM's CPU build in colocate mode (the engine in this process, its
-weights synced from the policy before each rollout), twice: with rr off and with rr replaying.
-Both runs make the user's one line, ``rr_transformers.trl.install()``, so the engine returns its
-routes and they can be counted; the run without rr switches replay off
-(``rr_transformers.trl.set_replay(trainer, False)``) and the policy routes natively. The engine
-computes in bfloat16 (vLLM's default for this checkpoint), the trainer in float32, so without
-replay some tokens go to other experts than the engine chose.
+TRL's own ``GRPOTrainer`` trains a tiny Qwen3-MoE checkpoint (``rr_fakes.hf_checkpoints``; an
+OLMoE one with ``--family olmoe``) for a few steps, rolling out on vLLM's CPU build in colocate
+mode (the engine in this process, its weights synced from the policy before each rollout),
+twice: with rr off and with rr replaying. Both runs make the user's one line,
+``rr_transformers.trl.install()``, so the engine returns its routes and they can be counted; the
+run without rr switches replay off (``rr_transformers.trl.set_replay(trainer, False)``) and the
+policy routes natively. The engine computes in bfloat16 (vLLM's default for this checkpoint),
+the trainer in float32, so without replay some tokens go to other experts than the engine chose.
 
 Per step: the share of (token, MoE layer) pairs of the training forward whose expert set
 differs from the engine's, TRL's own ``sampling/sampling_logp_difference/{mean,max}`` and rr's
@@ -31,6 +31,9 @@ from typing import Any
 from rr_demo.chain import real_streams
 
 FAMILY = "qwen3_moe"
+#: The families the loop trains (``rr demo --loop --family``): Qwen3-MoE (the default; a dense
+#: first layer) and OLMoE (every layer MoE).
+LOOP_FAMILIES = (FAMILY, "olmoe")
 ENGINE_DTYPE = "bfloat16"
 PROMPTS = 4  # per step, each sampled NUM_GENERATIONS times
 NUM_GENERATIONS = 2
@@ -272,10 +275,15 @@ def _train(checkpoint: Any, steps: int, replay: bool) -> list[LoopStep]:
     return seen_steps
 
 
-def run_loop(steps: int = 3, *, progress: Callable[[str], None] | None = None) -> LoopResult:
-    """Train ``steps`` GRPO steps with rr off, then with rr replaying, on one bfloat16 engine."""
+def run_loop(
+    steps: int = 3, *, family: str = FAMILY, progress: Callable[[str], None] | None = None
+) -> LoopResult:
+    """Train ``steps`` GRPO steps of the tiny ``family`` checkpoint with rr off, then with rr
+    replaying, on one bfloat16 engine."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    if family not in LOOP_FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(LOOP_FAMILIES)}; got {family!r}")
     started = time.perf_counter()
     say = progress or (lambda _stage: None)
     import trl
@@ -285,8 +293,8 @@ def run_loop(steps: int = 3, *, progress: Callable[[str], None] | None = None) -
 
     set_vllm_cpu_env()
     say("checkpoint")
-    checkpoint = build_checkpoint(FAMILY)
-    result = LoopResult(FAMILY, ENGINE_DTYPE, trl.__version__, vllm.__version__)
+    checkpoint = build_checkpoint(family)
+    result = LoopResult(family, ENGINE_DTYPE, trl.__version__, vllm.__version__)
     with real_streams(), _engine(ENGINE_DTYPE):  # vLLM's engine start takes stdout's fileno
         for replay in (False, True):
             say("with rr" if replay else "without rr")
