@@ -60,6 +60,9 @@ PROBE = textwrap.dedent(
     with megatron_cpu():  # Megatron's modules import on the CPU
         from verl.workers.engine.megatron import transformer_impl as megatron_engine
     out["steps"].append(("megatron engine imported", state()))
+    with megatron_cpu():
+        import verl.workers.engine_workers  # the training worker, where the routes arrive
+    out["steps"].append(("engine workers imported", state()))
     out["engine_binds_rr"] = megatron_engine.set_router_replay_data is rv.set_router_replay_data
     out["is_installed"] = rv.is_installed()
     out["removed"] = rv.uninstall()
@@ -84,7 +87,7 @@ def probe() -> dict[str, Any]:
 def test_install_imports_no_verl_module_and_finds_every_side(probe: dict[str, Any]) -> None:
     assert probe["verl_imported_by_install"] == []
     assert probe["returned"] == []  # nothing of verl's was there to patch yet
-    assert probe["sides"] == ["fsdp", "megatron", "rollout"]
+    assert probe["sides"] == ["fsdp", "megatron", "rollout", "rollout-arrival"]
 
 
 def test_each_side_is_installed_exactly_when_its_verl_module_is_imported(

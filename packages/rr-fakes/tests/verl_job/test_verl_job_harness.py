@@ -72,10 +72,25 @@ def test_chat_tokenizer_is_what_verls_agent_loop_needs(tmp_path: Path) -> None:
 
 
 def _run(
-    tmp_path: Path, *, rr: bool, passes: list[dict[str, object]], steps: int = 1
+    tmp_path: Path,
+    *,
+    rr: bool,
+    passes: list[dict[str, object]],
+    steps: int = 1,
+    sent: tuple[int, int] = (0, 0),
 ) -> job.JobRun:
-    reports, metrics = tmp_path / "rr.jsonl", tmp_path / "metrics.jsonl"
-    events = [{"event": "installed", "side": side} for side in ("rollout", "fsdp")] if rr else []
+    """A finished job's files: ``passes`` reported by the actor worker and, each step, the
+    route bytes ``sent`` from the agent loop (once) and to the actor (once a pass)."""
+    name = "fsdp2-rr" if rr else "fsdp2-verl"
+    reports, metrics = tmp_path / f"{name}.rr.jsonl", tmp_path / f"{name}.metrics.jsonl"
+    sides = ("rollout", "rollout-arrival", "fsdp")
+    events: list[dict[str, object]] = [{"event": "installed", "side": s} for s in sides if rr]
+    per_step = len(passes) // steps
+    for step in range(steps):
+        events.append({"event": "sent", "hop": "rollout", "route_bytes": sent[0]})
+        for one in passes[step * per_step : (step + 1) * per_step]:
+            events += [{"event": "sent", "hop": "trainer", "route_bytes": sent[1]}, one]
+    passes = []
     reports.write_text("".join(f"{table.json.dumps(e)}\n" for e in [*events, *passes]))
     metrics.write_text(
         "".join(f'{{"step": {s}, "data": {{"timing_s/step": 1.0}}}}\n' for s in range(1, steps + 1))
@@ -115,11 +130,11 @@ def test_table_fails_a_row_rr_did_not_arm(tmp_path: Path) -> None:
 
 def test_table_fails_a_worker_without_rr_and_a_missing_step(tmp_path: Path) -> None:
     run = _run(tmp_path, rr=True, passes=[_pass(10, 10, {})] * 2, steps=2)
-    (tmp_path / "rr.jsonl").write_text(
-        "\n".join(x for x in (tmp_path / "rr.jsonl").read_text().splitlines() if "fsdp" not in x)
+    run.reports.write_text(
+        "\n".join(x for x in run.reports.read_text().splitlines() if "fsdp" not in x)
     )
     problems = table.check(run, table.step_rows(run)[:1])
-    assert any("sides installed ['rollout']" in p for p in problems)
+    assert any("sides installed ['rollout', 'rollout-arrival']" in p for p in problems)
     assert any("1 steps logged, expected 2" in p for p in problems)
 
 
@@ -133,3 +148,20 @@ def test_compare_fails_a_job_where_rr_changed_no_routing(tmp_path: Path) -> None
     assert table.compare(changed) == []
     same = table.step_rows(_run(tmp_path, rr=True, passes=[_pass(10, 10, {"2": 1.0})] * 2))
     assert any("no difference for rr to make" in p for p in table.compare(same))
+
+
+def test_table_sums_each_hops_route_bytes_per_step(tmp_path: Path) -> None:
+    run = _run(tmp_path, rr=True, passes=[_pass(10, 10, {"2": 0.9})] * 4, steps=2, sent=(7, 5))
+    rows = table.step_rows(run)
+    assert [(r.rollout_bytes, r.trainer_bytes) for r in rows] == [(7, 10), (7, 10)]
+    assert "| 7 | 10 |" in table.markdown(rows, [run])
+
+
+def test_compare_fails_rr_routes_that_are_not_smaller_than_verls(tmp_path: Path) -> None:
+    verls = table.step_rows(_run(tmp_path, rr=False, passes=[_pass(10, 0, {})], sent=(80, 80)))
+    replayed = [_pass(10, 10, {"2": 0.9})]
+    smaller = table.step_rows(_run(tmp_path, rr=True, passes=replayed, sent=(20, 20)))
+    assert table.compare([*verls, *smaller]) == []
+    larger = table.step_rows(_run(tmp_path, rr=True, passes=replayed, sent=(20, 90)))
+    (problem,) = table.compare([*verls, *larger])
+    assert "trainer_bytes 9.0 a replayed row; verl's own job 8.0" in problem

@@ -24,16 +24,12 @@ from __future__ import annotations
 import importlib
 import sys
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from rr_core import AlignmentError, ReplayError, RouteMeta, decode_routes_into
+from rr_core import AlignmentError, ReplayError, RouteMeta
 from rr_core.adapters import Installer
-from rr_core.buffers import zeros
-from rr_core.checks import check_sequence, check_tensor, describe
 from rr_core.codecs.encoding import check_codec
 from rr_core.patching import wrapper_chain
 from rr_core.verl_release import VERL_SPECIFIER, check_verl_release
@@ -42,10 +38,10 @@ from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import attr, token_count
 from rr_vllm.samples import SampleRoutes, as_rows
 from rr_vllm.validate import check_all_layers
-from rr_vllm.verl.routes import VERL_DTYPE, VerlRoutes, pack_for_verl
+from rr_vllm.verl.arrival import expands_in_workers
+from rr_vllm.verl.expand import FIELD, check_parts, expand_samples, items_of, trained_samples
+from rr_vllm.verl.routes import VerlRoutes, pack_for_verl
 
-#: The non-tensor field of verl's batch that carries each sample's compact routes.
-FIELD = "rr_routes"
 #: The verl releases whose agent loop and padding rr hooks (``install(force=True)`` passes
 #: another one): rr's one verl policy.
 VERL_ROLLOUT_SPECIFIER = VERL_SPECIFIER
@@ -132,70 +128,6 @@ def _check_trained_tail(n: int, p: int, mask: np.ndarray, what: str) -> None:
         )
 
 
-def expand_samples(
-    parts: Sequence[VerlRoutes | None],
-    offsets_B1: torch.Tensor,
-    trained_B: torch.Tensor,
-    *,
-    device: torch.device | str | None = None,
-) -> torch.Tensor | None:
-    """The jagged ``[B, j, L, K]`` int16 ``routed_experts`` of one-sample routes (None where a
-    sample has none), laid on the batch's rows (``offsets_B1``, the jagged ``input_ids``'
-    offsets), equal to verl's own tensor. None when no sample has routes; a sample without
-    routes is refused where it has trained tokens (``trained_B``), and left zero otherwise."""
-    parts = check_sequence(parts, "expand_samples' parts", EngineOutputError, of=_PART)
-    offsets_B1 = check_tensor(offsets_B1, "offsets_B1", AlignmentError, ndim=1, integer=True)
-    trained_B = check_tensor(trained_B, "trained_B", AlignmentError, ndim=1)
-    b = len(parts)
-    lengths = offsets_B1.diff().tolist() if offsets_B1.numel() else []
-    if offsets_B1.numel() and (int(offsets_B1[0]) != 0 or min(lengths, default=0) < 0):
-        raise AlignmentError(f"offsets_B1 must start at 0 and never fall; got {offsets_B1}")
-    if len(lengths) != b or trained_B.shape != (b,):
-        raise AlignmentError(
-            f"{b} samples of routes for a batch of {len(lengths)} sequences and "
-            f"{tuple(trained_B.shape)} response masks"
-        )
-    present = [(i, p) for i, p in enumerate(parts) if p is not None]
-    if not present:
-        return None
-    meta = present[0][1].meta
-    for i, part in enumerate(parts):
-        if part is None:
-            if bool(trained_B[i]):
-                raise EngineOutputError(
-                    f"sample {i} of the batch has no routes but trained response tokens, while "
-                    f"{len(present)} of {b} samples have routes: the engine returned none for it"
-                    " (an aborted or preempted request?). Drop the sample or re-roll it. "
-                    "D3: see `rr explain D3`"
-                )
-        elif part.num_samples != 1 or part.meta != meta or part.lengths[0] != lengths[i]:
-            raise AlignmentError(
-                f"sample {i}: routes of {part.num_samples} samples, T={list(part.lengths)}, meta "
-                f"{part.meta}; the batch's sequence has {lengths[i]} tokens and sample "
-                f"{present[0][0]}'s meta is {meta}: every sample must be one agent-loop sample "
-                "of one model"
-            )
-    dev = _device(device, offsets_B1.device)
-    out_NLK = zeros((int(offsets_B1[-1]), len(meta.layer_numbers), meta.top_k), VERL_DTYPE, dev)
-    starts = offsets_B1.tolist()
-    for i, part in present:
-        decode_routes_into(part.encoded, out_NLK[starts[i] : starts[i + 1]])
-    return torch.nested.nested_tensor_from_jagged(out_NLK, offsets_B1.to(dev, torch.int64))
-
-
-_PART = (VerlRoutes, type(None))
-
-
-def _device(value: object, default: torch.device) -> torch.device:
-    if value is None:
-        return default
-    try:
-        device: torch.device = torch.device(value)  # type: ignore[call-overload]
-    except (TypeError, RuntimeError, ValueError) as e:
-        raise EngineOutputError(f"device must name a torch device; got {describe(value)}") from e
-    return device
-
-
 # -- the hooks -----------------------------------------------------------------------------------
 
 
@@ -228,42 +160,33 @@ def _meta_of(worker: Any) -> RouteMeta:
 
 
 def _expand_for_trainer(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``left_right_2_no_padding(data)`` with the compact routes taken out first and verl's
-    jagged ``routed_experts`` put in from them."""
+    """``left_right_2_no_padding(data)`` with the compact routes checked against the batch's
+    sequences, then left compact for the workers where rr's arrival side is in place (it
+    expands them in the worker, so the routes cross Ray as rr's payload; the switch installs it
+    in every process, this one among them), else expanded here into verl's jagged
+    ``routed_experts``."""
     data = args[0] if args else kwargs["data"]
     keys = data.keys()  # a TensorDict refuses `in` on itself
     if FIELD not in keys:
         return wrapped(*args, **kwargs)
-    parts = _items(data.pop(FIELD), data.batch_size[0])
+    parts = items_of(data.get(FIELD), data.batch_size[0])
     if "routed_experts" in keys and any(p is not None for p in parts):
         raise ReplayError(
             "the batch holds the rollout's routes (R3) and routed_experts recorded by the "
             "trainer (R2) at once: enable one of router_replay.mode='R2' and "
             "enable_rollout_routing_replay"
         )
-    trained_B = data["response_mask"].bool().any(dim=-1)
+    trained_B = trained_samples(data)
     out = wrapped(*args, **kwargs)
-    routes = expand_samples(parts, out["input_ids"].offsets(), trained_B)
+    offsets = out["input_ids"].offsets()
+    if expands_in_workers():
+        check_parts(parts, offsets, trained_B)  # refused here, before it crosses Ray
+        return out
+    del out[FIELD]
+    routes = expand_samples(parts, offsets, trained_B)
     if routes is not None:
         out["routed_experts"] = routes
     return out
-
-
-def _items(value: Any, size: int) -> list[Any]:
-    """The per-sample objects of a TensorDict's non-tensor entry (a stack, or one value that
-    tensordict keeps once when every sample holds the same, such as None)."""
-    if hasattr(value, "tolist"):
-        items = list(value.tolist())
-    else:
-        items = [getattr(value, "data", value)] * size
-    if len(items) != size:
-        raise AlignmentError(f"{FIELD} holds {len(items)} samples; the batch has {size}")
-    for i, item in enumerate(items):
-        if item is not None and not isinstance(item, VerlRoutes):
-            raise EngineOutputError(
-                f"{FIELD}[{i}] is a {type(item).__name__}; rr stores a VerlRoutes or None there"
-            )
-    return items
 
 
 # -- the adapter ---------------------------------------------------------------------------------

@@ -28,9 +28,12 @@ from typing import Any
 import wrapt
 
 FSDP_ENGINE = "verl.workers.engine.fsdp.transformer_impl"
+ENGINE_WORKERS = "verl.workers.engine_workers"
 MEGATRON_ENGINE = "verl.workers.engine.megatron.transformer_impl"
 #: The rollout side's module (the switch installs that side when a process imports it).
 ROLLOUT_MODULE = "verl.experimental.agent_loop.agent_loop"
+#: What verl's training worker is handed across Ray (the harness weighs the routes in it).
+RECEIVED = ("infer_batch", "train_mini_batch")
 DISARM = "RR_VERL_JOB_DISARM_LAYER"
 REPORTS = "RR_VERL_JOB_REPORTS"
 DEBUG_METRICS = "verl.utils.debug.metrics"
@@ -140,6 +143,56 @@ def _debug_metrics(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return metrics
 
 
+def route_bytes(tensors: Any, objects: Any) -> int:
+    """The bytes of a batch's routes as Ray pickles them: verl's ``routed_experts`` tensor (its
+    values: a jagged tensor's offsets are the batch's own) and rr's compact per-sample payloads
+    (``rr_routes``)."""
+    import pickle
+
+    total = 0
+    routes = tensors.get("routed_experts", None) if tensors is not None else None
+    if routes is not None:
+        total += (routes.values() if routes.is_nested else routes).nbytes
+    compact = objects.get("rr_routes", None) if objects is not None else None
+    if compact is not None:
+        items = compact.tolist() if hasattr(compact, "tolist") else compact
+        total += len(pickle.dumps(list(items), protocol=5))
+    return total
+
+
+def _rollout_sent(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """The agent-loop worker's batch, on its way to verl's trainer."""
+
+    async def weighed() -> Any:
+        out = await wrapped(*args, **kwargs)
+        _write(
+            {
+                "event": "sent",
+                "hop": "rollout",
+                "route_bytes": route_bytes(out.batch, out.non_tensor_batch),
+            }
+        )
+        return out
+
+    return weighed()
+
+
+def _received(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """The batch verl's training worker was handed, as it arrived (before rr expands it)."""
+    data = args[0] if args else kwargs["data"]
+    _write({"event": "sent", "hop": "trainer", "route_bytes": route_bytes(data, data)})
+    return wrapped(*args, **kwargs)
+
+
+def _measured_rollout(module: Any) -> None:
+    wrapt.wrap_function_wrapper(module, "AgentLoopWorker.generate_sequences", _rollout_sent)
+
+
+def _measured_worker(module: Any) -> None:
+    for entry in RECEIVED:
+        wrapt.wrap_function_wrapper(module, f"TrainingWorker.{entry}", _received)
+
+
 def _measured_engine(module: Any) -> None:
     import rr_core
 
@@ -161,7 +214,8 @@ def _reported(side: str) -> Any:
     def report(module: Any) -> None:
         import rr_megatron_compat.verl as switch
 
-        if switch.sides()[side].installer.is_installed():
+        found = switch.sides().get(side)
+        if found is not None and found.installer.is_installed():
             _write({"event": "installed", "side": side})
 
     return report
@@ -171,6 +225,8 @@ def measure() -> None:
     """The harness's figures alone (the job without rr): Ray's ``worker_process_setup_hook``."""
     wrapt.register_post_import_hook(_measured_trainer, DEBUG_METRICS)
     wrapt.register_post_import_hook(_measured_engine, FSDP_ENGINE)
+    wrapt.register_post_import_hook(_measured_rollout, ROLLOUT_MODULE)
+    wrapt.register_post_import_hook(_measured_worker, ENGINE_WORKERS)
     _write({"event": "hook"})
 
 
@@ -183,6 +239,7 @@ def install() -> None:
 
     switch.install()
     sides = {"fsdp": FSDP_ENGINE, "megatron": MEGATRON_ENGINE, "rollout": ROLLOUT_MODULE}
+    sides["rollout-arrival"] = ENGINE_WORKERS
     for side, module in sides.items():
         wrapt.register_post_import_hook(_reported(side), module)
     measure()

@@ -33,6 +33,8 @@ class StepRow:
     logp_gap: float  # mean |log p engine - log p trainer| over response tokens (old-log-prob)
     step_s: float
     rr_host_s: float
+    rollout_bytes: int  # routes in the agent-loop worker's batch, on its way to the trainer
+    trainer_bytes: int  # routes in the batches verl's trainer handed its actor worker
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -50,8 +52,13 @@ def step_rows(run: JobRun) -> list[StepRow]:
     """One row per verl step; the workers' passes are assigned to steps in order (two per
     step: old log-prob, update)."""
     metrics = [m for m in read_jsonl(run.metrics) if "step" in m]
-    passes = [r for r in read_jsonl(run.reports) if r.get("event") == "pass"]
+    events = read_jsonl(run.reports)
+    passes = [r for r in events if r.get("event") == "pass"]
     per_step = len(passes) // max(len(metrics), 1)
+    hops = {
+        hop: _per_step([r["route_bytes"] for r in events if r.get("hop") == hop], len(metrics))
+        for hop in ("rollout", "trainer")
+    }
     rows = []
     for index, entry in enumerate(metrics):
         data = entry["data"]
@@ -66,9 +73,17 @@ def step_rows(run: JobRun) -> list[StepRow]:
                 logp_gap=float(data.get(LOGP_GAP, float("nan"))),
                 step_s=float(data.get("timing_s/step", float("nan"))),
                 rr_host_s=sum(r["rr_host_s"] for r in mine),
+                rollout_bytes=hops["rollout"][index],
+                trainer_bytes=hops["trainer"][index],
             )
         )
     return rows
+
+
+def _per_step(values: list[int], steps: int) -> list[int]:
+    """Each step's sum of a run of per-call figures that come in the same number a step."""
+    size = len(values) // max(steps, 1)
+    return [sum(values[i * size : (i + 1) * size]) for i in range(steps)]
 
 
 def check(run: JobRun, rows: list[StepRow]) -> list[str]:
@@ -81,7 +96,7 @@ def check(run: JobRun, rows: list[StepRow]) -> list[str]:
     events = read_jsonl(run.reports)
     if run.spec.rr:
         sides = {r["side"] for r in events if r.get("event") == "installed"}
-        if not {"rollout", run.spec.engine.rstrip("2")} <= sides:
+        if not {"rollout", "rollout-arrival", run.spec.engine.rstrip("2")} <= sides:
             problems.append(f"{run.spec.name}: rr sides installed {sorted(sides)}")
     for row in rows:
         if run.spec.rr and (row.rows_armed != row.rows_to_replay or row.rows_armed == 0):
@@ -98,14 +113,17 @@ def markdown(rows: list[StepRow], runs: list[JobRun]) -> str:
     """The table (per job, per step) and each job's wall time and peak memory."""
     lines = [
         "| job | step | rows to replay | rows rr replayed | pairs natively off the engine "
-        "| mean abs d log p | step s | rr host ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mean abs d log p | step s | rr host ms (share) | route bytes rollout -> trainer "
+        "| route bytes trainer -> actor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         differ = r.native_differ if r.job.endswith("-rr") else "-"  # measured where rr replays
+        share = r.rr_host_s / r.step_s if r.step_s else float("nan")
         lines.append(
             f"| {r.job} | {r.step} | {r.rows_to_replay} | {r.rows_armed} | {differ} "
-            f"| {r.logp_gap:.2e} | {r.step_s:.1f} | {r.rr_host_s * 1e3:.1f} |"
+            f"| {r.logp_gap:.2e} | {r.step_s:.1f} | {r.rr_host_s * 1e3:.1f} ({share:.2%}) "
+            f"| {r.rollout_bytes:,} | {r.trainer_bytes:,} |"
         )
     lines += ["", "| job | exit | wall s | peak MiB (process tree) |", "|---|---|---|---|"]
     for run in runs:
@@ -116,15 +134,30 @@ def markdown(rows: list[StepRow], runs: list[JobRun]) -> str:
 
 
 def compare(rows: list[StepRow]) -> list[str]:
-    """The rr-off / rr-on difference the table promises: the job with rr replays rows its
+    """The rr-off / rr-on differences the table promises: the job with rr replays rows its
     trainer would have routed otherwise than the engine (the pairs the job without rr trains on
-    natively), so replay changed routing; the gap in log p is reported, not checked (the
-    trainer's bfloat16 autocast dominates it)."""
+    natively), so replay changed routing; and its routes cross Ray in fewer bytes a replayed
+    row, on each hop, than verl's own (where both jobs ran). The gap in log p is reported, not
+    checked (the trainer's bfloat16 autocast dominates it)."""
     problems = []
     for job in sorted({r.job for r in rows if r.job.endswith("-rr")}):
-        if not sum(r.native_differ for r in rows if r.job == job):
+        mine = [r for r in rows if r.job == job]
+        if not sum(r.native_differ for r in mine):
             problems.append(
                 f"{job}: no replayed (token, layer) pair routes natively otherwise than the "
                 "engine: the job shows no difference for rr to make"
             )
+        theirs = [r for r in rows if r.job == job.removesuffix("-rr") + "-verl"]
+        for hop in ("rollout_bytes", "trainer_bytes") if theirs else ():
+            ours_per_row, verls_per_row = _per_row(mine, hop), _per_row(theirs, hop)
+            if not ours_per_row < verls_per_row:
+                problems.append(
+                    f"{job}: {hop} {ours_per_row:.1f} a replayed row; verl's own job "
+                    f"{verls_per_row:.1f}: rr's routes must cross Ray in fewer bytes"
+                )
     return problems
+
+
+def _per_row(rows: list[StepRow], hop: str) -> float:
+    replayed = sum(r.rows_to_replay for r in rows)
+    return sum(getattr(r, hop) for r in rows) / replayed if replayed else float("nan")
