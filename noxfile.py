@@ -708,7 +708,10 @@ def newest(session: nox.Session) -> None:
         )  # fmt: skip
         found = newest_report.outcome(name, str(release).strip(), str(output or ""))
         outcomes.append(found)
+        log = Path(session.create_tmp()) / f"newest-{name}.log"  # the whole run, to read a FAIL
+        log.write_text(str(output or ""))
         session.log(f"{name} {found.release}: {found.first_failure or 'pass'} ({found.summary})")
+        session.log(f"{name}: pytest's output in {log}")
     session.log("\n" + newest_report.table(outcomes))
     if not all(o.passed for o in outcomes):
         session.error("the newest release of some dependency fails its adapter's tests")
