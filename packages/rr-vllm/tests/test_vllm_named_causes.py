@@ -39,7 +39,7 @@ def request(name: str, p: int, g: int, start: int) -> object:
 
 def test_one_start_for_requests_sent_with_different_starts_says_what_to_pass() -> None:
     requests = [request("a", 5, 3, 0), request("b", 6, 2, 4), request("c", 4, 4, 1)]
-    with pytest.raises(EngineOutputError, match=r"pass prompt_start=\[0, 4, 1\]"):
+    with pytest.raises(EngineOutputError, match=r"pass prompt_starts=\[0, 4, 1\]"):
         decode_vllm_batch(requests, META)
     batch = decode_vllm_batch(requests, META, prompt_start=[0, 4, 1])
     for b, (r, start) in enumerate(zip(requests, [0, 4, 1], strict=True)):

@@ -85,7 +85,7 @@ def test_sglang_start_len_is_the_options_prompt_start() -> None:
         prompt_ids=range(P), generated_ids=range(G), routes_TLK=routes, start_len=START
     )
     by_alias = decode_sglang(answer, META, start_len=START)
-    by_object = decode_sglang(answer, DecodeOptions(meta=META, prompt_start=START))
+    by_object = decode_sglang(answer, DecodeOptions(meta=META, prompt_start=START)).only()
     _same(by_alias, by_object)
     assert by_alias is not None
     assert by_alias.prompt_start == START

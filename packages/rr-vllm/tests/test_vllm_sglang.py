@@ -244,7 +244,7 @@ def test_openai_faults() -> None:
         decode_sglang_openai(missing, META)
     no_usage = copy.deepcopy(body)
     del no_usage["usage"]
-    with pytest.raises(EngineOutputError, match="prompt_tokens and completion_tokens"):
+    with pytest.raises(EngineOutputError, match="num_prompt_tokens and num_generated_tokens"):
         decode_sglang_openai(no_usage, META)
     (s,) = decode_sglang_openai(no_usage, META, prompt_tokens=P, completion_tokens=G)
     assert_sample(s, 0)

@@ -3,7 +3,6 @@ module on first use (lazy_loader)."""
 
 from .assemble import (
     TrainerLayout as TrainerLayout,
-    assemble_multi_turn as assemble_multi_turn,
     assemble_resumed as assemble_resumed,
     flatten_completions as flatten_completions,
     to_trainer_layout as to_trainer_layout,
@@ -15,6 +14,10 @@ from .capture import (
     max_new_tokens as max_new_tokens,
     moe_layer_numbers as moe_layer_numbers,
     route_meta_of as route_meta_of,
+)
+from .decoded import (
+    DecodedRoutes as DecodedRoutes,
+    decode_routes_array as decode_routes_array,
 )
 from .engine_config import (
     EngineConfig as EngineConfig,
@@ -33,6 +36,10 @@ from .options import (
     DecodeKeywords as DecodeKeywords,
     DecodeOptions as DecodeOptions,
 )
+from .prompt_start import (
+    drop_rows_before as drop_rows_before,
+    prompt_start_to_send as prompt_start_to_send,
+)
 from .r3v1.decode import (
     R3v1Header as R3v1Header,
     decode_r3v1 as decode_r3v1,
@@ -47,7 +54,6 @@ from .releases import (
 )
 from .samples import (
     SampleRoutes as SampleRoutes,
-    decode_routes_array as decode_routes_array,
 )
 from .sglang.capture import (
     sglang_request_fields as sglang_request_fields,
@@ -67,6 +73,11 @@ from .trtllm.decode import (
     decode_trtllm_output as decode_trtllm_output,
     decode_trtllm_routes as decode_trtllm_routes,
 )
+from .turns import (
+    Trajectory as Trajectory,
+    assemble_multi_turn as assemble_multi_turn,
+    omission_start as omission_start,
+)
 from .validate import (
     validate_samples as validate_samples,
 )
@@ -80,28 +91,18 @@ from .verl.routes import (
     to_verl_padded as to_verl_padded,
     unreplayable_rows as unreplayable_rows,
 )
-from .vllm.batch import (
-    decode_vllm_batch as decode_vllm_batch,
-)
 from .vllm.capture import (
     vllm_engine_args as vllm_engine_args,
     vllm_sampling_fields as vllm_sampling_fields,
 )
 from .vllm.decode import (
+    decode_vllm_batch as decode_vllm_batch,
     decode_vllm_output as decode_vllm_output,
-)
-from .vllm.prompt_start import (
-    drop_rows_before as drop_rows_before,
-    prompt_start_to_send as prompt_start_to_send,
 )
 from .vllm.store import (
     explain_store_errors as explain_store_errors,
     is_store_eviction as is_store_eviction,
     routes_store_max_bytes as routes_store_max_bytes,
-)
-from .vllm.trajectory import (
-    Trajectory as Trajectory,
-    omission_start as omission_start,
 )
 from .vllm.stream import (
     decode_vllm_stream as decode_vllm_stream,

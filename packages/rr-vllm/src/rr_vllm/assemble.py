@@ -1,5 +1,5 @@
-"""Assembly: resumed partial rollouts, multi-turn trajectories, truncation, n > 1 completions,
-and the trainer's padded layout.
+"""Assembly: resumed partial rollouts, truncation, n > 1 completions, and the trainer's padded
+layout (multi-turn trajectories are :mod:`rr_vllm.turns`').
 
 Shape legend: T tokens of a sample, N rows of a batch, B samples, S = prompt_length +
 response_length, L layer slots (all_layers axis), K top-k, P prompt tokens, G generated tokens.
@@ -23,7 +23,7 @@ from rr_core import AlignmentError, RouteBatch, narrowest_dtype
 from rr_core.buffers import zeros
 from rr_core.checks import check_sequence
 from rr_vllm.errors import EngineOutputError
-from rr_vllm.fields import MAX_TOKENS, integer, integers
+from rr_vllm.fields import integer, integers
 from rr_vllm.samples import SampleRoutes, check_sample, check_samples
 
 
@@ -46,30 +46,6 @@ def truncate_response(sample: SampleRoutes, response_length: int) -> SampleRoute
     t = check_sample(sample, "truncate_response's sample", AlignmentError).routes_TLK.shape[0]
     n = integer(response_length, "response_length", error=AlignmentError)
     return truncate_sample(sample, min(t, sample.num_prompt_tokens + n))
-
-
-def assemble_multi_turn(
-    last_turn: SampleRoutes, *, num_tokens: int, num_prompt_tokens: int
-) -> SampleRoutes:
-    """A multi-turn trajectory of ``num_tokens`` tokens whose first ``num_prompt_tokens`` are
-    the original prompt: the last turn's routes cover the whole context up to its last
-    generation; tokens appended after it (tool output) are invalid rows (D2)."""
-    t = check_sample(last_turn, "last_turn", AlignmentError).routes_TLK.shape[0]
-    n = integer(num_tokens, "num_tokens", error=AlignmentError, maximum=MAX_TOKENS)
-    p = integer(num_prompt_tokens, "num_prompt_tokens", error=AlignmentError)
-    if n < t or not 0 <= p <= last_turn.num_prompt_tokens:
-        raise AlignmentError(
-            f"the last turn covers {t} tokens (context {last_turn.num_prompt_tokens}); the "
-            f"trajectory has {n} tokens and a {p}-token prompt: the trajectory must extend the "
-            "last turn (truncate afterwards with truncate_response) and start with its prompt "
-            "(D2); see `rr explain D2`"
-        )
-    _, L, K = last_turn.routes_TLK.shape
-    routes = np.zeros((n, L, K), dtype=last_turn.routes_TLK.dtype)
-    valid = np.zeros(n, dtype=bool)
-    routes[:t] = last_turn.routes_TLK
-    valid[:t] = last_turn.valid_T
-    return dataclasses.replace(last_turn, routes_TLK=routes, valid_T=valid, num_prompt_tokens=p)
 
 
 def assemble_resumed(

@@ -1,29 +1,35 @@
 """One options object for every decoder: what the answers of one rollout share.
 
-Every decoder has the shape ``decode_x(answer, options, **keywords)``: ``options`` is a
-:class:`DecodeOptions`, or a bare :class:`~rr_core.RouteMeta` that the keywords complete (the
-keyword form that predates the object keeps working). Facts of one answer that the answer itself
-does not carry (a bare array's token counts, an HTTP answer's prompt ids) stay keywords of the
-decoder that needs them.
+Every decoder has the shape ``decode_x(answer, options, /, *, facts)`` and returns
+:class:`~rr_vllm.DecodedRoutes`: ``options`` is a :class:`DecodeOptions`; the facts are what the
+answer itself does not carry, named alike in every decoder (``num_prompt_tokens``,
+``num_generated_tokens``, ``finish_reason``; ``prompt_starts`` for a batch sent with one start
+per request).
+
+The form that predates the object (a bare :class:`~rr_core.RouteMeta` completed by option
+keywords, the engines' aliases ``start_len`` / ``vllm_version`` / ``sglang_version``) keeps
+working for one release: it gets the result it always got and a DeprecationWarning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 import numpy as np
 
-from rr_core import RouteMeta, narrowest_dtype
+from rr_core import RouteMeta, RouteValidationError, narrowest_dtype
 from rr_vllm.engine_config import EngineConfig, check_engine_config
 from rr_vllm.errors import DecodeOptionsError, EngineOutputError
 from rr_vllm.fields import count
 
 AbortPolicy = Literal["mask", "drop"]
 
-#: Keyword names the engines' own vocabularies use, and the option each one sets.
+#: Keyword names the engines' own vocabularies use, and the option each one sets (the
+#: deprecated keyword form only: :class:`DecodeOptions` names each option once).
 ALIASES = {
     "start_len": "prompt_start",  # SGLang's routed_experts_start_len
     "vllm_version": "engine_version",
@@ -39,6 +45,16 @@ def compact_dtype(num_experts: int) -> np.dtype[Any]:
 def check_policy(on_abort: object) -> None:
     if not isinstance(on_abort, str) or on_abort not in ("mask", "drop"):
         raise EngineOutputError(f"on_abort must be 'mask' or 'drop'; got {on_abort!r}")
+
+
+def check_all_layers(meta: RouteMeta) -> None:
+    """Engine routes are on the ``all_layers`` axis: a meta on another raises."""
+    if not isinstance(meta, RouteMeta):
+        raise RouteValidationError(f"meta must be a RouteMeta; got {type(meta).__name__}")
+    if meta.layer_axis != "all_layers":
+        raise RouteValidationError(
+            f"engine routes are on the all_layers axis; got meta.layer_axis={meta.layer_axis!r}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,12 +84,19 @@ class DecodeOptions:
     logical_experts: int | None = None
     validate: bool = True
     engine_config: EngineConfig | None = None
+    #: Read from ``meta`` once (every decoder reads them per sample): L, K, the MoE slots, and
+    #: rr_core's narrowest id dtype as a numpy dtype.
+    layer_slots: int = field(init=False, repr=False, compare=False)
+    top_k: int = field(init=False, repr=False, compare=False)
+    moe_slots: list[int] = field(init=False, repr=False, compare=False)
+    id_dtype: np.dtype[Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.meta, RouteMeta):
             raise DecodeOptionsError(
                 f"DecodeOptions.meta must be an rr_core.RouteMeta; got {type(self.meta).__name__}"
             )
+        check_all_layers(self.meta)
         object.__setattr__(self, "prompt_start", count(self.prompt_start, "prompt_start"))
         check_policy(self.on_abort)
         for name in ("generation_only", "allow_all_zero", "allow_physical", "validate"):
@@ -88,29 +111,15 @@ class DecodeOptions:
                     f"vllm_engine_config); got {type(self.engine_config).__name__}"
                 )
             check_engine_config(self.engine_config)
-
-    @property
-    def layer_slots(self) -> int:
-        """L: the slots of the ``all_layers`` axis, one per decoder layer."""
-        return len(self.meta.layer_numbers)
-
-    @property
-    def top_k(self) -> int:
-        return self.meta.top_k
-
-    @property
-    def moe_slots(self) -> list[int]:
-        """The slots of the MoE layers on the ``all_layers`` axis."""
-        return list(self.meta.moe_slots)
-
-    @property
-    def id_dtype(self) -> np.dtype[Any]:
-        """The narrowest dtype of the meta's expert ids (rr_core's), as a numpy dtype."""
-        return compact_dtype(self.meta.num_experts)
+        object.__setattr__(self, "layer_slots", len(self.meta.layer_numbers))
+        object.__setattr__(self, "top_k", self.meta.top_k)
+        object.__setattr__(self, "moe_slots", list(self.meta.moe_slots))
+        object.__setattr__(self, "id_dtype", compact_dtype(self.meta.num_experts))
 
 
 class DecodeKeywords(TypedDict, total=False):
-    """The keyword form of :class:`DecodeOptions` (each decoder reads the ones it documents)."""
+    """The deprecated keyword form of :class:`DecodeOptions` (each decoder reads the ones it
+    documents)."""
 
     prompt_start: int
     start_len: int
@@ -135,7 +144,8 @@ def decode_options(
 ) -> DecodeOptions:
     """The options of one decoder call: ``options`` as given, or a meta completed by the
     ``keywords``; keywords on top of an options object replace its fields. A keyword the
-    decoder does not read raises :class:`~rr_vllm.DecodeOptionsError` (it would be ignored)."""
+    decoder does not read raises :class:`~rr_vllm.DecodeOptionsError` (it would be ignored).
+    Either of the last two is the deprecated form (see :func:`is_legacy`)."""
     unread = sorted(k for k in keywords if k not in reads)
     if unread:
         raise DecodeOptionsError(
@@ -154,4 +164,45 @@ def decode_options(
     raise DecodeOptionsError(
         f"{decoder}() takes a DecodeOptions or an rr_core.RouteMeta after the answer; got "
         f"{type(options).__name__}"
+    )
+
+
+def resolve(
+    options: RouteMeta | DecodeOptions,
+    keywords: Mapping[str, Any],
+    *,
+    reads: Collection[str],
+    decoder: str,
+) -> tuple[DecodeOptions, bool]:
+    """A decoder's options (:func:`decode_options`) and whether it was called in the deprecated
+    form (:func:`is_legacy`, which warns)."""
+    legacy = is_legacy(options, keywords, decoder=decoder)
+    return decode_options(options, keywords, reads=reads, decoder=decoder), legacy
+
+
+def is_legacy(options: object, keywords: Mapping[str, Any], *, decoder: str) -> bool:
+    """Whether a decoder was called in the form that predates :class:`DecodeOptions` (a bare
+    meta, or option keywords): if so, a DeprecationWarning names the call to write instead,
+    and the decoder returns what that form always returned."""
+    if isinstance(options, DecodeOptions) and not keywords:
+        return False
+    if not isinstance(options, DecodeOptions | RouteMeta):
+        return False  # decode_options names the wrong type
+    names = ", ".join(f"{ALIASES.get(k, k)}=" for k in keywords) or "(defaults)"
+    warnings.warn(
+        f"{decoder}(answer, meta, **options) is deprecated and goes in the next release: build "
+        f"the options once, DecodeOptions(meta=meta, {names}), and call {decoder}(answer, "
+        "options); it returns DecodedRoutes (index it for a sample, .to_batch() for the batch)",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return True
+
+
+def warn_renamed(decoder: str, old: str, new: str) -> None:
+    """A fact keyword under its old name (``prompt_tokens``, ``prompt_token_ids``)."""
+    warnings.warn(
+        f"{decoder}(..., {old}=) is deprecated and goes in the next release: pass {new}=",
+        DeprecationWarning,
+        stacklevel=3,
     )

@@ -25,18 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Unpack
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from rr_core import RouteMeta, RRError
+from rr_core import RRError
 from rr_core.checks import check_instance, check_sequence
 from rr_core.routes.rows import check_route_rows
 from rr_vllm.engine_config import check_split_rows
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import count, reason
-from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
+from rr_vllm.options import DecodeOptions
 
 IntArray = npt.NDArray[np.integer[Any]]
 BoolArray = npt.NDArray[np.bool_]
@@ -251,35 +251,3 @@ def decode_rows(
     if routes is None:
         check_missing(sample.what, sample.finish_reason)
     return place_rows([as_rows(routes, sample.what)], sample, options, out=out)
-
-
-#: The options a decoder of one array reads.
-READS = frozenset({"prompt_start", "on_abort", "engine_config"})
-
-
-def decode_routes_array(
-    routes: Any,
-    options: RouteMeta | DecodeOptions,
-    /,
-    *,
-    num_prompt_tokens: int,
-    num_generated_tokens: int,
-    finish_reason: str | None = None,
-    what: str = "routes",
-    out: tuple[IntArray, BoolArray] | None = None,
-    **keywords: Unpack[DecodeKeywords],
-) -> SampleRoutes | None:
-    """One all-layers ``[N, L, K]`` array (or None) of a sample with P prompt and G generated
-    tokens, rows from ``prompt_start`` (options: ``prompt_start``, ``on_abort``). An aborted
-    sample (``finish_reason == "abort"``) is masked (every row invalid) or dropped (None);
-    otherwise None routes raise (D3). ``out``: see :func:`place_rows` (a masked sample zeroes
-    it)."""
-    opts = decode_options(options, keywords, reads=READS, decoder="decode_routes_array")
-    sample = sample_of(
-        what,
-        num_prompt_tokens,
-        num_generated_tokens,
-        prompt_start=opts.prompt_start,
-        finish_reason=finish_reason,
-    )
-    return decode_rows(routes, sample, opts, out=out)

@@ -1,4 +1,5 @@
-"""Multi-turn trajectories without re-sending prefix routes (G6): O(N) route transfer.
+"""Multi-turn trajectories: gathered turn by turn without re-sending prefix routes (G6), or
+from the last turn alone (:func:`assemble_multi_turn`). The one home of multi-turn assembly.
 
 An agent re-sends the whole conversation every turn; with ``routed_experts_prompt_start`` left
 at 0 the routes of the prefix come back every turn, O(N^2) over a trajectory. A
@@ -14,24 +15,36 @@ header (it salts the prefix cache, so a hit can only come from this session's ea
 It is decoded here as those PRs describe, behind the explicit ``omit_cached_prefix=True`` (the
 server flag ``--enable-omit-prefix-routed-experts``); no version flag, since no release has it.
 
+:func:`assemble_multi_turn` is the other way: one request for the whole context (every prefix
+row re-sent, as on vLLM 0.21, which has no ``prompt_start``), whose last turn covers every
+token up to its last generation; tokens appended after it (tool output) are invalid rows (D2).
+
 Shape legend: T tokens, N rows, L layer slots (all_layers axis), K top-k, P prompt tokens of a
 turn, G its generated tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
-from rr_core import RouteMeta, expected_route_rows
+from rr_core import AlignmentError, RouteMeta, expected_route_rows
 from rr_core.checks import check_choice, check_flag
 from rr_vllm.errors import CaptureError, EngineOutputError
-from rr_vllm.fields import attr, integer, integers
+from rr_vllm.fields import MAX_TOKENS, attr, integer, integers, reason
+from rr_vllm.prompt_start import prompt_start_to_send
 from rr_vllm.releases import resolve_flags
-from rr_vllm.samples import IntArray, SampleRoutes, as_rows, check_missing, is_aborted
-from rr_vllm.vllm.decode import read_request
-from rr_vllm.vllm.prompt_start import prompt_start_to_send
+from rr_vllm.samples import (
+    IntArray,
+    SampleRoutes,
+    as_rows,
+    check_missing,
+    check_sample,
+    is_aborted,
+)
 
 MismatchPolicy = Literal["count", "raise"]
 
@@ -230,22 +243,28 @@ class Trajectory:
         self, request_output: Any, *, prompt_start: int, completion: int = 0
     ) -> None:
         """One turn from a vLLM ``RequestOutput`` (real or duck-typed, 0.22+), sent with
-        ``prompt_start``; ``completion`` picks one of n > 1."""
-        request = read_request(request_output)
-        if not 0 <= completion < len(request.completions):
+        ``prompt_start``; ``completion`` picks one of n > 1 (read by attribute, each field
+        checked, as :func:`~rr_vllm.decode_vllm_output` reads it)."""
+        what = f"request {getattr(request_output, 'request_id', '?')}"
+        outputs = attr(request_output, "outputs", what)
+        if isinstance(outputs, str | bytes | Mapping) or not isinstance(outputs, Sequence):
             raise EngineOutputError(
-                f"request {request.request_id} has {len(request.completions)} completions; "
-                f"got completion={completion}"
+                f"{what}: outputs must be a list of CompletionOutput; got {type(outputs).__name__}"
             )
-        c = request.completions[completion]
-        cached = attr(request_output, "num_cached_tokens", c.what)
+        if not 0 <= completion < len(outputs):
+            raise EngineOutputError(
+                f"{what} has {len(outputs)} completions; got completion={completion}"
+            )
+        c = outputs[completion]
+        where = f"{what}, completion {getattr(c, 'index', completion)}"
+        cached = attr(request_output, "num_cached_tokens", where)
         self.add_turn(
-            attr(request_output, "prompt_token_ids", c.what),
-            attr(request_output.outputs[completion], "token_ids", c.what),
-            c.rows,
+            attr(request_output, "prompt_token_ids", where),
+            attr(c, "token_ids", where),
+            attr(c, "routed_experts", where),
             prompt_start=prompt_start,
             num_cached_tokens=cached if self.omit_cached_prefix else None,
-            finish_reason=c.finish_reason,
+            finish_reason=reason(attr(c, "finish_reason", where), f"{where}: finish_reason"),
         )
 
     def routes(self, num_tokens: int | None = None) -> SampleRoutes:
@@ -272,3 +291,27 @@ class Trajectory:
             prompt_start=0,
             finish_reason=self.finish_reason,
         )
+
+
+def assemble_multi_turn(
+    last_turn: SampleRoutes, *, num_tokens: int, num_prompt_tokens: int
+) -> SampleRoutes:
+    """A multi-turn trajectory of ``num_tokens`` tokens whose first ``num_prompt_tokens`` are
+    the original prompt: the last turn's routes cover the whole context up to its last
+    generation; tokens appended after it (tool output) are invalid rows (D2)."""
+    t = check_sample(last_turn, "last_turn", AlignmentError).routes_TLK.shape[0]
+    n = integer(num_tokens, "num_tokens", error=AlignmentError, maximum=MAX_TOKENS)
+    p = integer(num_prompt_tokens, "num_prompt_tokens", error=AlignmentError)
+    if n < t or not 0 <= p <= last_turn.num_prompt_tokens:
+        raise AlignmentError(
+            f"the last turn covers {t} tokens (context {last_turn.num_prompt_tokens}); the "
+            f"trajectory has {n} tokens and a {p}-token prompt: the trajectory must extend the "
+            "last turn (truncate afterwards with truncate_response) and start with its prompt "
+            "(D2); see `rr explain D2`"
+        )
+    _, L, K = last_turn.routes_TLK.shape
+    routes = np.zeros((n, L, K), dtype=last_turn.routes_TLK.dtype)
+    valid = np.zeros(n, dtype=bool)
+    routes[:t] = last_turn.routes_TLK
+    valid[:t] = last_turn.valid_T
+    return dataclasses.replace(last_turn, routes_TLK=routes, valid_T=valid, num_prompt_tokens=p)

@@ -4,7 +4,8 @@ Shape legend: T tokens of one sample, N rows the engine returned, L layer slots 
 axis), K top-k. rr_core's :class:`~rr_core.RouteBatch` checks ids in ``[0, E)``, K distinct ids
 per valid MoE row, zero dense slots and all-zero MoE slots (E1); this module adds physical-looking
 ids (E2). Missing routes (D3) are refused where a sample is decoded (:mod:`rr_vllm.samples`); the
-row count is rr_core's :func:`~rr_core.check_route_rows`.
+row count is rr_core's :func:`~rr_core.check_route_rows`. This module reads samples and never
+calls back into the decoders: every batch ends in :func:`batch_arrays`.
 """
 
 from __future__ import annotations
@@ -17,19 +18,9 @@ from rr_core import RouteBatch, RouteMeta, RouteValidationError
 from rr_core.checks import check_flag
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import integer
-from rr_vllm.samples import (  # the abort and D3 checks read one sample: kept importable here
-    ABORT_REASONS as ABORT_REASONS,
-)
-from rr_vllm.samples import (
-    SampleRoutes,
-    check_samples,
-)
-from rr_vllm.samples import (
-    check_missing as check_missing,
-)
-from rr_vllm.samples import (
-    is_aborted as is_aborted,
-)
+from rr_vllm.options import DecodeOptions
+from rr_vllm.options import check_all_layers as check_all_layers
+from rr_vllm.samples import SampleRoutes, check_samples
 
 
 def check_logical(
@@ -57,13 +48,58 @@ def check_logical(
         )
 
 
-def check_all_layers(meta: RouteMeta) -> None:
-    if not isinstance(meta, RouteMeta):
-        raise RouteValidationError(f"meta must be a RouteMeta; got {type(meta).__name__}")
-    if meta.layer_axis != "all_layers":
-        raise RouteValidationError(
-            f"engine routes are on the all_layers axis; got meta.layer_axis={meta.layer_axis!r}"
-        )
+def batch_arrays(
+    routes: Sequence[np.ndarray],
+    valid: Sequence[np.ndarray],
+    meta: RouteMeta,
+    *,
+    allow_all_zero: bool = False,
+    allow_physical: bool = False,
+    logical_experts: int | None = None,
+    validate: bool = True,
+) -> RouteBatch:
+    """The samples' ``[T, L, K]`` routes and ``[T]`` validity (in order) as one all-layers
+    :class:`~rr_core.RouteBatch`: E2 here, rr_core's id checks unless ``validate=False``. The
+    one batch check every path ends in (:class:`~rr_vllm.DecodedRoutes`, :func:`validate_samples`).
+    ``meta`` is checked by the caller (:class:`~rr_vllm.DecodeOptions` checks its own)."""
+    for name, flag in (("allow_all_zero", allow_all_zero), ("allow_physical", allow_physical)):
+        check_flag(flag, name, EngineOutputError)
+    if logical_experts is not None:
+        logical_experts = integer(logical_experts, "logical_experts", minimum=1)
+        if not allow_physical:
+            for i, (r, v) in enumerate(zip(routes, valid, strict=True)):
+                check_logical(r, v, meta, logical_experts, where=f"sample {i}")
+    return RouteBatch.from_sequences(
+        list(routes), meta, valid=list(valid), validate=validate, allow_all_zero=allow_all_zero
+    )
+
+
+def present(samples: Sequence[SampleRoutes | None]) -> list[SampleRoutes]:
+    """Decoded samples (checked to be samples by the caller), none dropped: a None (an aborted
+    request decoded with ``on_abort='drop'``) has no tokens to batch."""
+    out: list[SampleRoutes] = []
+    for i, s in enumerate(samples):
+        if s is None:
+            raise EngineOutputError(
+                f"sample {i} is None (an aborted request decoded with on_abort='drop'); remove "
+                "its tokens from the batch too, or decode with on_abort='mask'"
+            )
+        out.append(s)
+    return out
+
+
+def batch_decoded(samples: Sequence[SampleRoutes | None], options: DecodeOptions) -> RouteBatch:
+    """Decoded samples as one batch under the options' batch checks (``DecodedRoutes.to_batch``)."""
+    kept = present(samples)
+    return batch_arrays(
+        [s.routes_TLK for s in kept],
+        [s.valid_T for s in kept],
+        options.meta,
+        allow_all_zero=options.allow_all_zero,
+        allow_physical=options.allow_physical,
+        logical_experts=options.logical_experts,
+        validate=options.validate,
+    )
 
 
 def validate_samples(
@@ -73,51 +109,29 @@ def validate_samples(
     allow_all_zero: bool = False,
     allow_physical: bool = False,
     logical_experts: int | None = None,
+    validate: bool = True,
 ) -> RouteBatch:
-    """A validated all-layers :class:`~rr_core.RouteBatch` of decoded samples (in order).
+    """A validated all-layers :class:`~rr_core.RouteBatch` of decoded samples (in order), for
+    samples gathered by hand (resumed, multi-turn, truncated); a decoder's
+    :class:`~rr_vllm.DecodedRoutes` does the same with ``.to_batch()``.
 
     Raises :class:`~rr_core.RouteValidationError` naming sample, row and layer for ids outside
     ``[0, E)`` or ``[0, logical_experts)`` (E2, unless ``allow_physical``), repeated ids, non-zero
     dense slots, or a MoE slot that is zero on a whole sequence (E1, unless ``allow_all_zero``).
+    ``validate=False`` skips rr_core's id checks (not E2).
     """
-    return batch_samples(
-        samples,
+    check_all_layers(meta)
+    kept = present(check_samples(samples, "samples"))
+    return batch_arrays(
+        [s.routes_TLK for s in kept],
+        [s.valid_T for s in kept],
         meta,
         allow_all_zero=allow_all_zero,
         allow_physical=allow_physical,
         logical_experts=logical_experts,
-    )
-
-
-def batch_samples(
-    samples: Sequence[SampleRoutes | None],
-    meta: RouteMeta,
-    *,
-    allow_all_zero: bool = False,
-    allow_physical: bool = False,
-    logical_experts: int | None = None,
-    validate: bool = True,
-) -> RouteBatch:
-    """:func:`validate_samples`; ``validate=False`` skips rr_core's id checks (not E2)."""
-    check_all_layers(meta)
-    for name, flag in (("allow_all_zero", allow_all_zero), ("allow_physical", allow_physical)):
-        check_flag(flag, name, EngineOutputError)
-    if logical_experts is not None:
-        logical_experts = integer(logical_experts, "logical_experts", minimum=1)
-    present: list[SampleRoutes] = []
-    for i, s in enumerate(check_samples(samples, "samples")):
-        if s is None:
-            raise EngineOutputError(
-                f"sample {i} is None (an aborted request decoded with on_abort='drop'); remove "
-                "its tokens from the batch too, or decode with on_abort='mask'"
-            )
-        present.append(s)
-        if logical_experts is not None and not allow_physical:
-            check_logical(s.routes_TLK, s.valid_T, meta, logical_experts, where=f"sample {i}")
-    return RouteBatch.from_sequences(
-        [s.routes_TLK for s in present],
-        meta,
-        valid=[s.valid_T for s in present],
         validate=validate,
-        allow_all_zero=allow_all_zero,
     )
+
+
+#: The name :func:`validate_samples` had with ``validate=``.
+batch_samples = validate_samples

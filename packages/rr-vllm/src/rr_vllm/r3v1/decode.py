@@ -46,10 +46,10 @@ import numpy as np
 
 from rr_core import RouteMeta
 from rr_vllm._supported import R3V1_EXTRA, R3V1_VERSIONS
+from rr_vllm.decoded import DecodedRoutes, decoded_one
 from rr_vllm.errors import EngineOutputError
-from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
+from rr_vllm.options import DecodeKeywords, DecodeOptions, resolve
 from rr_vllm.samples import SampleRoutes, sample_of, unrouted
-from rr_vllm.validate import check_all_layers
 
 MAGIC = b"R3V1"
 HEADER = struct.Struct("<4sBBBBIIIIQ")  # 32 bytes
@@ -268,14 +268,15 @@ def decode_r3v1(
     num_generated_tokens: int,
     finish_reason: str | None = None,
     **keywords: Unpack[DecodeKeywords],
-) -> SampleRoutes | None:
+) -> DecodedRoutes:
     """One sample's routes from an R3/v1 envelope (base64 text, or the trace's
     ``payloads.router_replay`` mapping), on the ``all_layers`` axis of the meta. The envelope's
     ``total_token_count`` must be the sample's P + G tokens (the header alone cannot show that
-    it is this sample's). Option: ``on_abort``. Every fault raises :class:`EngineOutputError`."""
-    opts = decode_options(options, keywords, reads=READS, decoder="decode_r3v1")
+    it is this sample's). Option: ``on_abort``. Every fault raises :class:`EngineOutputError`.
+    One sample (``.only()``); the deprecated form (a RouteMeta, option keywords) returns the
+    sample itself."""
+    opts, legacy = resolve(options, keywords, reads=READS, decoder="decode_r3v1")
     meta = opts.meta
-    check_all_layers(meta)
     sample = sample_of(
         "R3/v1", num_prompt_tokens, num_generated_tokens, finish_reason=finish_reason
     )
@@ -290,7 +291,7 @@ def decode_r3v1(
             "(see `rr explain D1`)"
         )
     if sample.aborted:
-        return unrouted(sample, opts)
+        return decoded_one(unrouted(sample, opts), opts, legacy)
     if h.total_tokens and not h.replayed_tokens:  # D3: never an empty route set
         raise EngineOutputError(
             f"R3/v1 envelope replays 0 of {h.total_tokens} tokens for a request that finished "
@@ -304,10 +305,11 @@ def decode_r3v1(
     routes_TLK[positions_R[:, None], np.asarray(meta.moe_slots)[None, :]] = ids_RMK
     valid_T = np.zeros(h.total_tokens, dtype=bool)
     valid_T[positions_R] = True
-    return SampleRoutes(
+    one = SampleRoutes(
         routes_TLK=routes_TLK,
         valid_T=valid_T,
         num_prompt_tokens=p,
         prompt_start=int(positions_R[0]) if positions_R.size else 0,
         finish_reason=finish_reason,
     )
+    return decoded_one(one, opts, legacy)

@@ -8,12 +8,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Unpack
 
 from rr_core import RouteMeta
+from rr_vllm.decoded import DecodedRoutes, decoded_one
 from rr_vllm.error_body import check_error_body
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import as_mapping, chunks_of
-from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
-from rr_vllm.samples import SampleRoutes
-from rr_vllm.sglang.wire import _FIRST_ONLY, READS, _choices, _counts, _decode_info
+from rr_vllm.options import DecodeKeywords, DecodeOptions, resolve
+from rr_vllm.sglang.wire import _FIRST_ONLY, READS, _choices, _counts, _decode_info, facts
 
 
 def decode_sglang_stream(
@@ -21,17 +21,27 @@ def decode_sglang_stream(
     options: RouteMeta | DecodeOptions,
     /,
     *,
+    num_prompt_tokens: int | None = None,
+    num_generated_tokens: int | None = None,
     prompt_tokens: int | None = None,
     completion_tokens: int | None = None,
     **keywords: Unpack[DecodeKeywords],
-) -> SampleRoutes | None:
+) -> DecodedRoutes:
     """Routes of a streamed SGLang OpenAI answer: ``chunks`` are its ``data:`` lines, each
     parsed with ``json.loads`` (``"[DONE]"`` is skipped). SGLang sends the routes once, in a
     chunk with ``choices: []`` and ``sglext.routed_experts`` after the last token; token counts
-    come from the usage chunk (``stream_options.include_usage``) unless passed. A stream without
-    that chunk is refused (never an empty route set), and so is n>1. Options as
-    :func:`~rr_vllm.decode_sglang`'s."""
-    opts = decode_options(options, keywords, reads=READS, decoder="decode_sglang_stream")
+    come from the usage chunk (``stream_options.include_usage``) unless passed
+    (``num_prompt_tokens``, ``num_generated_tokens``). A stream without that chunk is refused
+    (never an empty route set), and so is n>1. Options as :func:`~rr_vllm.decode_sglang`'s; one
+    sample (``.only()``)."""
+    opts, legacy = resolve(options, keywords, reads=READS, decoder="decode_sglang_stream")
+    p_given, g_given = facts(
+        "decode_sglang_stream",
+        num_prompt_tokens,
+        num_generated_tokens,
+        prompt_tokens,
+        completion_tokens,
+    )
     config = opts.engine_config
     if config is not None and config.engine == "sglang" and config.prompt_rows_merged:
         # SGLang's PD path splices the prefill replica's rows into non-streamed answers only
@@ -73,7 +83,7 @@ def decode_sglang_stream(
         raise EngineOutputError(
             f"{what}: no chunk has a finish_reason: the stream was cut before its end"
         )
-    p, g = _counts(usage, prompt_tokens, completion_tokens, what)
+    p, g = _counts(usage, p_given, g_given, what)
     info = {
         "prompt_tokens": p,
         "completion_tokens": g,
@@ -81,7 +91,7 @@ def decode_sglang_stream(
         "routed_experts": texts[0] if texts else None,
         "routed_experts_dtype": dtype,
     }
-    return _decode_info(
+    sample = _decode_info(
         info,
         opts,
         what=what,
@@ -92,3 +102,4 @@ def decode_sglang_stream(
         ),
         final=True,
     )
+    return decoded_one(sample, opts, legacy)

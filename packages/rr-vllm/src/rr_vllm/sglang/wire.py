@@ -16,10 +16,11 @@ from typing import Any, Unpack
 import numpy as np
 
 from rr_core import RouteMeta, expected_route_rows
+from rr_vllm.decoded import DecodedRoutes, decoded, decoded_one
 from rr_vllm.error_body import check_error_body
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import as_mapping, count, integer, key
-from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
+from rr_vllm.options import DecodeKeywords, DecodeOptions, resolve, warn_renamed
 from rr_vllm.releases import SglangFlags, sglang_flags
 from rr_vllm.samples import IntArray, SampleRoutes, as_rows, decode_rows, sample_of
 
@@ -162,17 +163,19 @@ def decode_sglang(
     options: RouteMeta | DecodeOptions,
     /,
     **keywords: Unpack[DecodeKeywords],
-) -> SampleRoutes | None:
+) -> DecodedRoutes:
     """Routes of an SGLang ``/generate`` answer, ``Engine.generate`` result or final streamed
     chunk (or its ``meta_info``) sent with ``return_routed_experts``. Options: ``start_len``
     (the request's ``routed_experts_start_len``; ``prompt_start`` in :class:`DecodeOptions`),
     ``on_abort``, ``sglang_version``, which tells a release that ignores ``start_len``
-    (0.5.8-0.5.11); without it the row count does."""
-    opts = decode_options(options, keywords, reads=READS, decoder="decode_sglang")
+    (0.5.8-0.5.11); without it the row count does. One sample (``.only()``); the deprecated
+    form (a RouteMeta, option keywords) returns the sample itself."""
+    opts, legacy = resolve(options, keywords, reads=READS, decoder="decode_sglang")
     body = as_mapping(response, "the SGLang response")
     check_error_body(body)
     info = as_mapping(body.get("meta_info", body), "the SGLang response's meta_info")
-    return _decode_info(info, opts, what=f"SGLang request {info.get('id', '?')}")
+    sample = _decode_info(info, opts, what=f"SGLang request {info.get('id', '?')}")
+    return decoded_one(sample, opts, legacy)
 
 
 _OPENAI_MISSING = (
@@ -187,6 +190,24 @@ _FIRST_ONLY = (
 )
 
 
+def facts(
+    decoder: str,
+    num_prompt_tokens: int | None,
+    num_generated_tokens: int | None,
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+) -> tuple[int | None, int | None]:
+    """The token counts a caller passed, under their names or SGLang's (deprecated)."""
+    if prompt_tokens is not None:
+        warn_renamed(decoder, "prompt_tokens", "num_prompt_tokens")
+        num_prompt_tokens = prompt_tokens if num_prompt_tokens is None else num_prompt_tokens
+    if completion_tokens is not None:
+        warn_renamed(decoder, "completion_tokens", "num_generated_tokens")
+        if num_generated_tokens is None:
+            num_generated_tokens = completion_tokens
+    return num_prompt_tokens, num_generated_tokens
+
+
 def _counts(
     usage: Any, prompt_tokens: int | None, completion_tokens: int | None, what: str
 ) -> tuple[Any, Any]:
@@ -195,7 +216,7 @@ def _counts(
     if not isinstance(usage, Mapping):
         raise EngineOutputError(
             f"{what}: no usage to count the tokens by; send stream_options={{'include_usage': "
-            "true}} when streaming, or pass prompt_tokens and completion_tokens"
+            "true} when streaming, or pass num_prompt_tokens and num_generated_tokens"
         )
     p = usage.get("prompt_tokens") if prompt_tokens is None else prompt_tokens
     g = usage.get("completion_tokens") if completion_tokens is None else completion_tokens
@@ -216,16 +237,27 @@ def decode_sglang_openai(
     options: RouteMeta | DecodeOptions,
     /,
     *,
+    num_prompt_tokens: int | None = None,
+    num_generated_tokens: int | None = None,
     prompt_tokens: int | None = None,
     completion_tokens: int | None = None,
     **keywords: Unpack[DecodeKeywords],
-) -> list[SampleRoutes | None]:
+) -> DecodedRoutes:
     """Routes of each choice of a non-streaming SGLang ``/v1/completions`` or
     ``/v1/chat/completions`` answer: the response-level ``sglext.routed_experts`` (n=1, token
-    counts from ``usage`` unless passed), or each choice's ``meta_info`` (chat with
-    ``return_meta_info``). An n>1 answer without per-choice ``meta_info`` is refused: sglext
-    holds the first choice's routes alone. Options as :func:`decode_sglang`'s."""
-    opts = decode_options(options, keywords, reads=READS, decoder="decode_sglang_openai")
+    counts from ``usage`` unless passed as ``num_prompt_tokens`` / ``num_generated_tokens``;
+    SGLang's names ``prompt_tokens`` / ``completion_tokens`` are deprecated), or each choice's
+    ``meta_info`` (chat with ``return_meta_info``). An n>1 answer without per-choice
+    ``meta_info`` is refused: sglext holds the first choice's routes alone. Options as
+    :func:`decode_sglang`'s."""
+    opts, legacy = resolve(options, keywords, reads=READS, decoder="decode_sglang_openai")
+    p_given, g_given = facts(
+        "decode_sglang_openai",
+        num_prompt_tokens,
+        num_generated_tokens,
+        prompt_tokens,
+        completion_tokens,
+    )
     body = as_mapping(response, "the SGLang OpenAI response")
     check_error_body(body)
     what = f"SGLang response {body.get('id', '?')}"
@@ -233,7 +265,7 @@ def decode_sglang_openai(
     if not choices:
         raise EngineOutputError(f"{what}: 'choices' is empty; a completion has n >= 1 choices")
     if all(isinstance(c.get("meta_info"), Mapping) for c in choices):
-        return [
+        samples = [
             _decode_info(
                 c["meta_info"],
                 opts,
@@ -243,11 +275,12 @@ def decode_sglang_openai(
             )
             for i, c in enumerate(choices)
         ]
+        return decoded(samples, opts, legacy)
     if len(choices) > 1:
         raise EngineOutputError(f"{what}: {len(choices)} choices; {_FIRST_ONLY}")
     ext = body.get("sglext")
     ext = as_mapping(ext, f"{what}: sglext") if ext is not None else {}
-    p, g = _counts(body.get("usage"), prompt_tokens, completion_tokens, what)
+    p, g = _counts(body.get("usage"), p_given, g_given, what)
     info = {
         "prompt_tokens": p,
         "completion_tokens": g,
@@ -255,12 +288,11 @@ def decode_sglang_openai(
         "routed_experts": ext.get("routed_experts"),
         "routed_experts_dtype": ext.get("routed_experts_dtype"),
     }
-    return [
-        _decode_info(
-            info,
-            opts,
-            what=f"{what}, choice {choices[0].get('index', 0)}",
-            missing=_OPENAI_MISSING,
-            final=True,
-        )
-    ]
+    sample = _decode_info(
+        info,
+        opts,
+        what=f"{what}, choice {choices[0].get('index', 0)}",
+        missing=_OPENAI_MISSING,
+        final=True,
+    )
+    return decoded([sample], opts, legacy)

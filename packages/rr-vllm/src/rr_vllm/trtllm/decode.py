@@ -27,9 +27,10 @@ import numpy as np
 
 from rr_core import RouteMeta
 from rr_vllm._supported import TRTLLM_CANCELLED
+from rr_vllm.decoded import DecodedRoutes, decoded, decoded_one
 from rr_vllm.errors import DecodeOptionsError, EngineOutputError
 from rr_vllm.fields import attr, reason, token_count
-from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
+from rr_vllm.options import DecodeKeywords, DecodeOptions, resolve
 from rr_vllm.samples import (
     IntArray,
     Sample,
@@ -40,7 +41,6 @@ from rr_vllm.samples import (
     sample_of,
     unrouted,
 )
-from rr_vllm.validate import check_all_layers
 
 
 def _finish(value: Any, what: str) -> str | None:
@@ -64,14 +64,12 @@ def _moe_rows(routes: Any, what: str) -> IntArray:
 READS = frozenset({"on_abort"})
 
 
-def _options(options: RouteMeta | DecodeOptions, keywords: Any, decoder: str) -> DecodeOptions:
-    opts = decode_options(options, keywords, reads=READS, decoder=decoder)
+def _no_start(opts: DecodeOptions, decoder: str) -> DecodeOptions:
     if opts.prompt_start:
         raise DecodeOptionsError(
             f"{decoder}(): TensorRT-LLM has no prompt_start (its rows start at token 0); got "
             f"options with prompt_start={opts.prompt_start}"
         )
-    check_all_layers(opts.meta)
     return opts
 
 
@@ -93,23 +91,27 @@ def decode_trtllm_routes(
     finish_reason: str | None = None,
     what: str = "routed_experts",
     **keywords: Unpack[DecodeKeywords],
-) -> SampleRoutes | None:
+) -> DecodedRoutes:
     """One TensorRT-LLM ``[N, M, K]`` MoE-layer array (or None) of a sample with P prompt and G
     generated tokens, laid out on the ``all_layers`` axis of the meta. An aborted sample
     (``'cancelled'``) is masked or dropped (option ``on_abort``); otherwise None routes raise
-    (D3)."""
-    opts = _options(options, keywords, "decode_trtllm_routes")
+    (D3). One sample (``.only()``); the deprecated form (a RouteMeta, option keywords) returns
+    the sample itself."""
+    opts, legacy = resolve(options, keywords, reads=READS, decoder="decode_trtllm_routes")
+    _no_start(opts, "decode_trtllm_routes")
     sample = sample_of(what, num_prompt_tokens, num_generated_tokens)
-    return _decode(routes, sample._replace(finish_reason=_finish(finish_reason, what)), opts)
+    one = _decode(routes, sample._replace(finish_reason=_finish(finish_reason, what)), opts)
+    return decoded_one(one, opts, legacy)
 
 
 def decode_trtllm_output(
     output: Any, options: RouteMeta | DecodeOptions, /, **keywords: Unpack[DecodeKeywords]
-) -> list[SampleRoutes | None]:
+) -> DecodedRoutes:
     """Every completion of one TensorRT-LLM LLM-API result (``prompt_token_ids`` and
     ``outputs``, each a ``CompletionOutput`` with ``token_ids``, ``finish_reason`` and
     ``routed_experts``), in ``outputs`` order. Option: ``on_abort``."""
-    opts = _options(options, keywords, "decode_trtllm_output")
+    opts, legacy = resolve(options, keywords, reads=READS, decoder="decode_trtllm_output")
+    _no_start(opts, "decode_trtllm_output")
     what = "TensorRT-LLM result"
     p = token_count(attr(output, "prompt_token_ids", what), f"{what}.prompt_token_ids")
     completions = attr(output, "outputs", what)
@@ -123,4 +125,4 @@ def decode_trtllm_output(
         finish = _finish(attr(c, "finish_reason", where), where)
         sample = sample_of(f"{where}.routed_experts", p, g, finish_reason=finish)
         samples.append(_decode(routes, sample, opts))
-    return samples
+    return decoded(samples, opts, legacy)

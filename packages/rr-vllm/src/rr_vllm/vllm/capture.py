@@ -18,8 +18,8 @@ from rr_vllm.capture import ModelGeometry, check_geometry, max_new_tokens
 from rr_vllm.engine_config import EngineConfig, check_engine_config
 from rr_vllm.errors import CaptureError
 from rr_vllm.fields import integer
+from rr_vllm.prompt_start import prompt_start_to_send
 from rr_vllm.releases import resolve_flags
-from rr_vllm.vllm.prompt_start import prompt_start_to_send
 from rr_vllm.vllm.store import routes_store_max_bytes
 
 

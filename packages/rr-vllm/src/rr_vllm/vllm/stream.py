@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 from rr_core import RouteMeta, expected_route_rows
+from rr_vllm.decoded import DecodedRoutes, decoded
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import as_mapping, count, integers, reason, token_count
-from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
+from rr_vllm.options import DecodeKeywords, DecodeOptions, resolve, warn_renamed
 from rr_vllm.releases import vllm_flags
 from rr_vllm.samples import Sample, SampleRoutes, decode_rows
 from rr_vllm.sse import sse_items
@@ -151,20 +152,26 @@ def decode_vllm_stream(
     options: RouteMeta | DecodeOptions,
     /,
     *,
+    num_prompt_tokens: int | None = None,
     prompt_token_ids: Sequence[int] | None = None,
     **keywords: Unpack[DecodeKeywords],
-) -> list[SampleRoutes | None]:
+) -> DecodedRoutes:
     """Routes of each choice of a streamed ``/inference/v1/generate`` answer, in index order.
 
     ``stream``: the SSE text (whole, line by line, or the byte chunks an HTTP client yields,
     cut anywhere; str or bytes) or the parsed chunks.
-    ``prompt_token_ids``: the prompt sent, unless the first chunk carries it
-    (``return_token_ids``). Options: ``prompt_start`` (the ``routed_experts_prompt_start``
-    sent), ``on_abort``, ``vllm_version``. A cut stream (no ``[DONE]``, a choice without
+    ``num_prompt_tokens``: the prompt's length, unless the first chunk carries its ids
+    (``return_token_ids``; the deprecated ``prompt_token_ids=`` counts its ids). Options:
+    ``prompt_start`` (the ``routed_experts_prompt_start`` sent), ``on_abort``,
+    ``engine_version``. A cut stream (no ``[DONE]``, a choice without
     ``finish_reason``), an OpenAI streaming chunk, or a finished choice without routes raises
     :class:`~rr_vllm.EngineOutputError`.
     """
-    opts = decode_options(options, keywords, reads=READS, decoder="decode_vllm_stream")
+    opts, legacy = resolve(options, keywords, reads=READS, decoder="decode_vllm_stream")
+    if prompt_token_ids is not None:
+        warn_renamed("decode_vllm_stream", "prompt_token_ids", "num_prompt_tokens")
+        if num_prompt_tokens is None:
+            num_prompt_tokens = token_count(prompt_token_ids, "prompt_token_ids")
     version = opts.engine_version
     if version is not None and not vllm_flags(version).stream_routes:
         raise EngineOutputError(
@@ -174,7 +181,6 @@ def decode_vllm_stream(
     gathered = _gather(stream)
     choices, name = gathered.choices, f"stream {gathered.request_id}"
     prompt: Sequence[int] | None = gathered.prompt_token_ids
-    prompt = prompt_token_ids if prompt is None else prompt
     unfinished = sorted(i for i, c in choices.items() if not c.finished)
     if not gathered.done or not choices or unfinished:
         missing = [] if gathered.done else ["no data: [DONE]"]
@@ -193,12 +199,16 @@ def decode_vllm_stream(
             f"{name}: the chunks carry {generated} generated tokens, the final usage says "
             f"{gathered.completion_tokens}: chunks were lost; read the whole stream, or resubmit"
         )
-    if prompt is None:
+    if prompt is None and num_prompt_tokens is None:
         raise EngineOutputError(
             f"{name}: no prompt_token_ids on the first chunk; send the request with "
-            "return_token_ids=true or pass prompt_token_ids"
+            "return_token_ids=true or pass num_prompt_tokens"
         )
-    p = token_count(prompt, f"{name}: prompt_token_ids")
+    p = (
+        count(num_prompt_tokens, "num_prompt_tokens")
+        if prompt is None
+        else token_count(prompt, f"{name}: prompt_token_ids")
+    )
     start = opts.prompt_start
     out: list[SampleRoutes | None] = []
     for index in sorted(choices):
@@ -216,7 +226,7 @@ def decode_vllm_stream(
                 "set is never returned"
             )
         out.append(decode_rows(routes, sample, opts))
-    return out
+    return decoded(out, opts, legacy)
 
 
 def _check_streamed_rows(num_rows: int, sample: Sample) -> None:

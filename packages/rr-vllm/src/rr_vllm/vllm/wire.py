@@ -20,10 +20,11 @@ from typing import Any, Unpack
 import numpy as np
 
 from rr_core import RouteMeta
+from rr_vllm.decoded import DecodedRoutes, decoded
 from rr_vllm.engine_sources import answered_by_prefill
 from rr_vllm.errors import EngineOutputError
-from rr_vllm.fields import as_mapping, key, reason, token_count
-from rr_vllm.options import DecodeKeywords, DecodeOptions, decode_options
+from rr_vllm.fields import as_mapping, count, key, reason, token_count
+from rr_vllm.options import DecodeKeywords, DecodeOptions, resolve, warn_renamed
 from rr_vllm.releases import vllm_flags
 from rr_vllm.samples import IntArray, Sample, SampleRoutes, as_rows, decode_rows, place_rows
 from rr_vllm.vllm.store import check_error_body
@@ -134,18 +135,24 @@ def decode_vllm_http(
     options: RouteMeta | DecodeOptions,
     /,
     *,
+    num_prompt_tokens: int | None = None,
     prompt_token_ids: Sequence[int] | None = None,
     **keywords: Unpack[DecodeKeywords],
-) -> list[SampleRoutes | None]:
+) -> DecodedRoutes:
     """Routes of each choice of a non-streaming JSON answer: ``/v1/completions``,
     ``/v1/chat/completions`` or ``/inference/v1/generate``. Token counts come from the choice's
     ``token_ids`` and the prompt's ``prompt_token_ids``: the choice's (completions), the
-    response's (chat, generate), or ``prompt_token_ids`` here. The OpenAI answers carry token
-    ids only when the request sets ``return_token_ids=true`` (null otherwise, which raises).
-    Options: ``prompt_start``, ``on_abort``, ``vllm_version``, ``generation_only``. An error body
-    raises (a 0.32+ store eviction as :class:`~rr_vllm.RouteStoreEvictedError`); 0.21 answers
-    need ``generation_only=True``."""
-    opts = decode_options(options, keywords, reads=READS, decoder="decode_vllm_http")
+    response's (chat, generate), or ``num_prompt_tokens`` here (the deprecated
+    ``prompt_token_ids=`` counts its ids). The OpenAI answers carry token ids only when the
+    request sets ``return_token_ids=true`` (null otherwise, which raises). Options:
+    ``prompt_start``, ``on_abort``, ``engine_version``, ``generation_only``. An error body raises
+    (a 0.32+ store eviction as :class:`~rr_vllm.RouteStoreEvictedError`); 0.21 answers need
+    ``generation_only=True``."""
+    opts, legacy = resolve(options, keywords, reads=READS, decoder="decode_vllm_http")
+    if prompt_token_ids is not None:
+        warn_renamed("decode_vllm_http", "prompt_token_ids", "num_prompt_tokens")
+        if num_prompt_tokens is None:
+            num_prompt_tokens = token_count(prompt_token_ids, "prompt_token_ids")
     body = as_mapping(response, "the HTTP response")
     check_error_body(body)
     version = opts.engine_version
@@ -167,7 +174,7 @@ def decode_vllm_http(
         what = f"{name}, choice {choice.get('index', i)}"
         # a null field is an absent one: vLLM sends `"prompt_token_ids": null` in every
         # /v1/completions choice unless return_token_ids is set
-        prompt = _first(choice.get("prompt_token_ids"), top_prompt, prompt_token_ids)
+        prompt = _first(choice.get("prompt_token_ids"), top_prompt)
         tokens = choice.get("token_ids")
         if tokens is None and body.get("output_mode") == "derender":
             raise EngineOutputError(f"{what}: {DERENDER_HIDES_TOKENS}")
@@ -176,14 +183,18 @@ def decode_vllm_http(
                 f"{what}: token_ids is null, so the generated tokens the routes cover are "
                 "unknown; vLLM returns them only when the request sets return_token_ids=true "
                 "(/v1/completions, /v1/chat/completions; /inference/v1/generate always sends "
-                "them). Passing prompt_token_ids cannot replace them"
+                "them). Passing num_prompt_tokens cannot replace them"
             )
-        if prompt is None:
+        if prompt is None and num_prompt_tokens is None:
             raise EngineOutputError(
                 f"{what}: no prompt_token_ids (in the choice or the response); send the request "
-                "with return_token_ids=true or pass prompt_token_ids"
+                "with return_token_ids=true or pass num_prompt_tokens"
             )
-        p = token_count(prompt, f"{what}: prompt_token_ids")
+        p = (
+            count(num_prompt_tokens, "num_prompt_tokens")
+            if prompt is None
+            else token_count(prompt, f"{what}: prompt_token_ids")
+        )
         g = token_count(tokens, f"{what}: token_ids")
         reason_ = reason(choice.get("finish_reason"), f"{what}: finish_reason")
         sample = Sample(what, p, p + g, opts.prompt_start, reason_, prefill)
@@ -195,4 +206,4 @@ def decode_vllm_http(
             out.append(_generation_only(routes, sample, opts))
         else:
             out.append(decode_rows(routes, sample, opts))
-    return out
+    return decoded(out, opts, legacy)
