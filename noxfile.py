@@ -281,8 +281,14 @@ def verl_job(session: nox.Session) -> None:
     release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["VERL_MEGATRON_LINE"]]
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     install_verl_beside_engine(session)
+    install_with_torch(  # verl's Megatron engine builds its model through Megatron-Bridge
+        session,
+        *MEGATRON_DATA["BRIDGE_PIP_FLAGS"],
+        f"megatron-bridge=={MEGATRON_DATA['BRIDGE_RELEASE']}",
+    )
     install_with_torch(
         session,
+        *beside_engine(MEGATRON_DATA["BRIDGE_IMPORT_DEPS"]),
         *MEGATRON_DATA["VERL_JOB_DEPS"],
         *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers"),
         *editable("rr-megatron-compat"),
