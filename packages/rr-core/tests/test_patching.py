@@ -153,3 +153,23 @@ def test_set_copies_replaces_a_proxy_an_earlier_uninstall_left_passing_through()
             late["late"].op = old_active  # an active proxy (another install's) is left alone
             assert second.set_copies(_op, new, "op", within=lambda n: n == "rrtest_late") == 0
             assert late["late"].op is old_active
+
+
+def test_restore_copies_puts_the_original_back_in_copies_taken_while_rr_was_set() -> (
+    None
+):
+    """``from module import op`` while rr's value was in place: no patch recorded that copy,
+    so :meth:`Patches.restore` cannot put it back; :meth:`Patches.restore_copies` does."""
+    within = lambda n: n.startswith("rrtest_")  # noqa: E731
+    with _loaded(home={"op": _op}) as m:
+        patches = Patches()
+        proxy = RRWrapper(_op, _louder, name="op")
+        patches.set_copies(_op, proxy, "op", within=within)
+        with _loaded(late={"op": proxy}, foreign={"op": str}) as late:  # imported while installed
+            assert patches.restore_copies(proxy, _op, "op", within=within) == 1  # not home's
+            assert late["late"].op is _op
+            assert m["home"].op is proxy  # recorded: restore's to put back
+            assert late["foreign"].op is str  # not rr's value: left
+            assert patches.restore() == 1
+            assert m["home"].op is _op
+            assert patches.restore_copies(proxy, _op, "op", within=within) == 0

@@ -11,7 +11,8 @@ wrapper, one lock and one policy toward whoever patches after rr.
   an :class:`~rr_core.RRWarning` says so; a plain value replaced since is left as it is.
 - :meth:`Patches.set_copies` covers a function other modules copied by name
   (``from module import f``): every loaded module holding it gets rr's value, recorded like
-  any other patch.
+  any other patch; :meth:`Patches.restore_copies` puts the original back in modules that copied
+  rr's value after it was set (no patch recorded those).
 - :data:`PATCH_LOCK` guards all of it: adapters take it for install and uninstall, so one lock
   orders every change rr makes to foreign state.
 """
@@ -189,6 +190,29 @@ class Patches:
                 self.set(module, attribute, value)
                 replaced += 1
         return replaced
+
+    def restore_copies(
+        self,
+        value: Any,
+        original: Any,
+        attribute: str,
+        *,
+        within: Callable[[str], bool] | None = None,
+    ) -> int:
+        """Put ``original`` back as ``attribute`` wherever a loaded module copied rr's ``value``
+        by name after rr set it (``from module import attribute`` while installed: no patch
+        recorded it, so :meth:`restore` cannot); ``within(module_name)`` narrows the search.
+        Returns how many modules got ``original`` back."""
+        recorded = {(id(e.owner), e.attribute) for e in self._entries}
+        restored = 0
+        for module_name, module in list(sys.modules.items()):
+            own = getattr(module, "__dict__", None)
+            if not isinstance(own, dict) or (within is not None and not within(module_name)):
+                continue
+            if own.get(attribute, _ABSENT) is value and (id(module), attribute) not in recorded:
+                setattr(module, attribute, original)
+                restored += 1
+        return restored
 
     def _forget_dropped(self, owner: Any, attribute: str) -> None:
         """Drop the entries of ``owner.attribute`` whose value another library replaced (rr's

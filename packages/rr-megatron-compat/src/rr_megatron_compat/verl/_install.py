@@ -17,7 +17,6 @@ replacement is still in place (a foreign patch over it is never undone):
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -134,10 +133,8 @@ class VerlAdapter(Adapter):
                     value = vars(module).get(name, _MISSING)
                     if value is not _MISSING and value is not own:
                         self.originals.setdefault(name, value)
-            for module in _verl_modules():
-                for name, original in self.originals.items():
-                    if vars(module).get(name, _MISSING) is original:
-                        self.patches.set(module, name, ours[name])
+            for name, original in self.originals.items():
+                self.patches.set_copies(original, ours[name], name, within=_is_verl)
             self.names.bind(sources)
         return tuple(f"{owner.__name__}.{attribute}" for owner, attribute in self.patches)
 
@@ -147,11 +144,8 @@ class VerlAdapter(Adapter):
         self.names.unbind()
         removed = self.patches.restore()
         ours = self.api() if self.originals else {}
-        for module in _verl_modules() if self.originals else []:
-            for name, original in self.originals.items():
-                if vars(module).get(name, _MISSING) is ours.get(name, _MISSING):
-                    setattr(module, name, original)
-                    removed += 1
+        for name, original in self.originals.items():  # verl modules that bound rr's names
+            removed += self.patches.restore_copies(ours[name], original, name, within=_is_verl)
         self.originals.clear()
         return removed + remove_router_patch()
 
@@ -173,12 +167,8 @@ class VerlAdapter(Adapter):
         rr_megatron_compat.detach(controller)
 
 
-def _verl_modules() -> list[Any]:
-    return [
-        module
-        for name, module in list(sys.modules.items())
-        if module is not None and (name == "verl" or name.startswith("verl."))
-    ]
+def _is_verl(module_name: str) -> bool:
+    return module_name == "verl" or module_name.startswith("verl.")
 
 
 ADAPTER = VerlAdapter()

@@ -22,7 +22,6 @@ returned, L decoder layers, K top-k.
 from __future__ import annotations
 
 import importlib
-import sys
 import warnings
 from typing import Any
 
@@ -31,7 +30,6 @@ import numpy as np
 from rr_core import AlignmentError, ReplayError, RouteMeta
 from rr_core.adapters import Installer
 from rr_core.codecs.encoding import check_codec
-from rr_core.patching import wrapper_chain
 from rr_core.verl_release import VERL_SPECIFIER, check_verl_release
 from rr_vllm.capture import route_meta_of
 from rr_vllm.errors import EngineOutputError
@@ -189,6 +187,10 @@ def _expand_for_trainer(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> 
     return out
 
 
+def _is_verl(module_name: str) -> bool:
+    return module_name.startswith("verl.")
+
+
 # -- the adapter ---------------------------------------------------------------------------------
 
 
@@ -228,16 +230,9 @@ class VerlRolloutAdapter(Installer):
             padding = importlib.import_module(PADDING)
             theirs = padding.left_right_2_no_padding
             ours = self.patches.wrap(padding, "left_right_2_no_padding", _expand_for_trainer)
-            for name, module in list(sys.modules.items()):  # `from ... import` copies (verl's
-                copy = vars(module).get("left_right_2_no_padding")  # PPO trainer has one)
-                # a module imported while an earlier install was in place holds that install's
-                # proxy, which passes through since its uninstall: hooked again too
-                if (
-                    name.startswith("verl.")
-                    and module is not padding
-                    and any(c is theirs for c in wrapper_chain(copy))
-                ):
-                    self.patches.set(module, "left_right_2_no_padding", ours)
+            # verl's PPO trainer copied it by name; a copy taken while an earlier install was
+            # in place holds that install's proxy, which passes through since: hooked again too
+            self.patches.set_copies(theirs, ours, "left_right_2_no_padding", within=_is_verl)
         return tuple(f"{getattr(o, '__name__', o)}.{a}" for o, a in self.patches)
 
 
