@@ -24,6 +24,11 @@
    no forward; beside it the batch laid out row by row first, then armed (how it was done
    before); the same with rows already laid out is what bench_core reports for Megatron.
 
+3. The attach-time probe (:mod:`rr_transformers._probe`) per family, on the tiny models the
+   tests build (E=8, top-2, hidden 32): ``attach`` + ``detach`` with the probe and with it
+   replaced by a no-op, alternated round by round; the difference over the routers attached is
+   the probe's cost per router (``probe_us_per_router``; process CPU time, medians).
+
 Usage: ``python bench_transformers.py [--json] [--rounds N] [--threads N] [--only step]
 [--device cuda]``.
 """
@@ -45,7 +50,7 @@ from torch.utils.benchmark import Timer
 
 import rr_transformers
 from rr_core import ReplayController, ReplayMode, RouteBatch, RouteMeta
-from rr_fakes.hf_models import tiny_model
+from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_model
 
 #: The step's model and micro-batch (one step: ~0.3 s of CPU time on one thread).
 STEP = {
@@ -358,12 +363,72 @@ def bench_bookkeeping() -> dict[str, Any]:
     }
 
 
+def _probe_us(model: Any, rounds: int) -> tuple[float, float, int]:
+    """What the probe adds to one ``attach`` + ``detach`` of ``model``, the attach without it
+    (microseconds, medians of ``rounds`` alternated pairs) and the routers attached."""
+    from rr_transformers import _attach
+    from rr_transformers._probe import prove_hooks as real
+
+    names = vars(_attach)  # attach calls the name _attach imported
+    controller = ReplayController(num_experts=NUM_EXPERTS, top_k=TOP_K)
+
+    def once(probe: Callable[..., None]) -> float:
+        names["prove_hooks"] = probe
+        start = _clock()
+        rr_transformers.attach(controller, model)
+        rr_transformers.detach(controller)
+        return _clock() - start
+
+    try:
+        routers = len(rr_transformers.attach(controller, model).layer_numbers)
+        rr_transformers.detach(controller)
+        with_probe, without = [], []
+        for _ in range(rounds):
+            with_probe.append(once(real))
+            without.append(once(lambda *_args: None))
+    finally:
+        names["prove_hooks"] = real
+    probe = statistics.median(a - b for a, b in zip(with_probe, without, strict=True))
+    return probe * 1e6, statistics.median(without) * 1e6, routers
+
+
+def bench_probe(rounds: int = 40) -> dict[str, Any]:
+    """Per family: what the probe adds to one ``attach`` (+ ``detach``), per router and in all,
+    and the attach itself without it; then Qwen3-MoE with 32 routed layers, whose cost per
+    router leaves out the probe's fixed part (microseconds of process CPU time)."""
+    from rr_transformers import KNOWN_FAMILIES, installed_transformers_version
+
+    version = installed_transformers_version()
+    if version is None:
+        raise SystemExit("the probe benchmark needs transformers installed")
+    figures: dict[str, Any] = {"probe_transformers": str(version)}
+    rr_transformers.install()
+    try:
+        for model_type in sorted(n for n, f in KNOWN_FAMILIES.items() if f.available(version)):
+            probe, attach, routers = _probe_us(tiny_model(model_type), rounds)
+            figures[f"probe_us_per_router_{model_type}"] = probe / routers
+            figures[f"probe_us_per_attach_{model_type}"] = probe
+            figures[f"attach_us_without_probe_{model_type}"] = attach
+        deep = tiny_model("qwen3_moe", num_hidden_layers=32, mlp_only_layers=[])
+        probe, _, routers = _probe_us(deep, rounds // 4)
+        figures["probe_us_per_router_qwen3_moe_32_layers"] = probe / routers
+    finally:
+        rr_transformers.uninstall()
+    per_router = [
+        v for k, v in figures.items() if k.startswith("probe_us_per_router_") and "layers" not in k
+    ]
+    figures["probe_us_per_router_median"] = statistics.median(per_router)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds of the step")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--only", choices=("step", "bookkeeping"), help="run one benchmark")
+    parser.add_argument(
+        "--only", choices=("step", "bookkeeping", "probe"), help="run one benchmark"
+    )
     parser.add_argument("--device", default="cpu", help="where the step runs: cpu, cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -371,6 +436,7 @@ def main() -> None:
     benches: dict[str, Callable[[], dict[str, Any]]] = {
         "step": lambda: bench_step(args.rounds),
         "bookkeeping": bench_bookkeeping,
+        "probe": bench_probe,
     }
     figures: dict[str, Any] = {}
     for name, bench in benches.items():
