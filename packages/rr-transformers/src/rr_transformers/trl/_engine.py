@@ -113,10 +113,11 @@ def llm_generate(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             "TRL's engine was built before rr_transformers.trl.install(): it returns no routes; "
             "install before creating the GRPOTrainer"
         )
-    from rr_vllm import decode_vllm_batch
+    from rr_vllm import DecodeOptions, decode_vllm_output
 
     start = time.perf_counter()
-    rows = split_rows(decode_vllm_batch(list(outputs), engine.meta), outputs)
+    batch = decode_vllm_output(list(outputs), DecodeOptions(meta=engine.meta)).to_batch()
+    rows = split_rows(batch, outputs)
     rollout.engine, rollout.rows = engine, rows
     rollout.seconds += time.perf_counter() - start
     return outputs
