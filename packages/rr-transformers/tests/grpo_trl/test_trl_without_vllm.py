@@ -4,6 +4,7 @@ what is missing. The engine's hooks arm when a ``use_vllm=True`` trainer is buil
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -34,11 +35,19 @@ print("NO_VLLM_OK")
 """
 
 
+#: What TRL's colocated engine sets in this process's environment (``vllm_generation.py``): a
+#: child that inherits them joins this process's rendezvous (its port is taken) instead of
+#: running alone.
+DISTRIBUTED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def _child(body: str, timeout: float) -> str:
     script = BLOCK + textwrap.dedent(body) + NOTHING_LOADED
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED}
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=HERE, capture_output=True, text=True, timeout=timeout
-    )
+        [sys.executable, "-c", script], cwd=HERE, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
     told = f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     assert done.returncode == 0, told
     assert "NO_VLLM_OK" in done.stdout, told
