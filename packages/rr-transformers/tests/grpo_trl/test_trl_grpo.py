@@ -56,10 +56,11 @@ def _routes_of_other_rows(trainer: Any) -> None:
     trainer._compute_loss = wrapt.FunctionWrapper(trainer._compute_loss, shifted)
 
 
-def test_routes_moved_to_other_rows_raise(engines: Any) -> None:
+@pytest.mark.parametrize("use_vllm", [True, False], ids=["R3", "R2"])
+def test_routes_moved_to_other_rows_raise(engines: Any, use_vllm: bool) -> None:
     with pytest.raises(TrlReplayError, match="the routes are not this row's"):
         grpo_runs.run(engines, "qwen3_moe", "float32", replay=True, steps=1,
-                      sabotage=_routes_of_other_rows)  # fmt: skip
+                      sabotage=_routes_of_other_rows, use_vllm=use_vllm)  # fmt: skip
 
 
 def _one_layer_disarmed(trainer: Any) -> None:

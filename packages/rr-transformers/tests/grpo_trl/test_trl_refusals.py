@@ -79,6 +79,11 @@ def test_a_trl_outside_the_tested_range_is_refused(monkeypatch: pytest.MonkeyPat
     with pytest.raises(TrlReplayError, match=r"trl 1.17.0 is outside the tested range"):
         rr_transformers.trl.install()
     assert not rr_transformers.trl.is_installed()
+    try:
+        assert rr_transformers.trl.install(force=True)  # hooks it anyway
+        assert rr_transformers.trl.is_installed()
+    finally:
+        rr_transformers.trl.uninstall()
 
 
 def test_a_server_mode_trainer_is_refused_before_it_connects() -> None:
@@ -149,3 +154,38 @@ def test_r2_with_an_adapter_off_reference_is_refused_by_name() -> None:
         trainer_with_ref.beta, trainer_with_ref.ref_model = 0.04, object()
 
     adapter._init(init_with_ref, trainer_with_ref, (), {"args": _config(use_vllm=False)})
+
+
+def test_a_trainer_without_a_grpo_config_is_refused_by_name() -> None:
+    def init(model: Any = None, args: Any = None) -> None:
+        raise AssertionError("TRL's __init__ ran before rr checked its config")
+
+    with pytest.raises(TrlReplayError, match=r"GRPOTrainer without args: rr needs a GRPOConfig"):
+        adapter._init(init, type("Trainer", (), {})(), ("model",), {})
+
+
+def test_an_image_batch_is_refused_at_the_forward() -> None:
+    """A vision-language batch: rr lays routes over text rows only."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from rr_transformers.trl import _passes
+
+    trainer = type("Trainer", (), {})()
+    _passes.STATES[trainer] = _passes.TrainerState(replay=True)
+    method = GRPOTrainer._get_per_token_logps_and_entropies.__get__(trainer)  # TRL's signature
+    ids = torch.ones(1, 4, dtype=torch.long)
+    call = {"model": None, "input_ids": ids, "attention_mask": ids, "logits_to_keep": 2}
+    with pytest.raises(TrlReplayError, match=r"carries \['pixel_values'\].*not supported"):
+        _passes.per_token_logps(method, trainer, (), {**call, "pixel_values": torch.zeros(1)})
+
+
+def test_an_engine_built_before_install_is_refused_in_the_rollout() -> None:
+    """TRL's ``LLM`` built before ``install()``: its answers carry no routes."""
+    from rr_transformers.trl import _engine
+
+    token = _engine._ROLLOUT.set(_engine.Rollout())  # inside TRL's VLLMGeneration.generate
+    try:
+        with pytest.raises(TrlReplayError, match=r"built before rr_transformers\.trl\.install"):
+            _engine.llm_generate(lambda *a, **k: [], type("LLM", (), {})(), (), {})
+    finally:
+        _engine._ROLLOUT.reset(token)
