@@ -43,3 +43,38 @@ def test_the_readme_names_the_logged_metrics() -> None:
     section = _section()
     for name in [*(f"rr/train/{key}" for key in figures), "rr/seconds"]:
         assert f"`{name}`" in section, name
+
+
+def _table_rows(header: list[str]) -> list[list[str]]:
+    lines = _section().splitlines()
+    start = lines.index(header[0])
+    assert lines[start + 1] == header[1], lines[start + 1]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_the_readme_table_is_the_sessions_table() -> None:
+    """The table is the one the session prints (``grpo_runs.table()``): its columns, every run
+    of test_trl_grpo (two families, float32 and bfloat16 engine, rr off and replaying) and
+    test_trl_grpo_r2 (R2's trainer runs), each step a row, and no pair routed differently in
+    any replaying run."""
+    import grpo_runs
+
+    rows = _table_rows(grpo_runs.table().splitlines()[:2])  # an empty TABLE: the header
+    steps: dict[tuple[str, str, str], list[str]] = {}
+    for family, engine, rr, step, differ, *_ in rows:
+        steps.setdefault((family, engine, rr), []).append(step)
+        if rr == "replay":
+            assert differ.startswith("0 / "), (family, engine, rr, step, differ)
+    three = [str(n) for n in range(1, grpo_runs.STEPS + 1)]
+    for family in ("qwen3_moe", "olmoe"):
+        for engine in ("float32", "bfloat16"):
+            for rr in ("off", "replay"):
+                assert steps.pop((family, engine, rr)) == three, (family, engine, rr)
+    assert steps.pop(("qwen3_moe", "trainer (R2)", "replay")) == three * 2  # on-policy, buffered
+    assert steps.pop(("qwen3_moe", "trainer (R2)", "off")) == ["1"]
+    assert not steps, steps
