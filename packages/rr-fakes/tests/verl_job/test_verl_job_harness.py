@@ -1,16 +1,18 @@
 """The verl-job harness's pieces on their own (the job itself is the verl_job session): the CPU
-platform's device index, the guarded patches, the chat tokenizer verl's agent loop needs, and
-the table's checks, each able to fail."""
+platform's device index, the guarded patches, the chat tokenizer verl's agent loop needs, the
+Megatron engine's harness and pass report, and the table's checks, each able to fail."""
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import importlib.util
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from rr_fakes.shims.verl_job import assets, job, patches, table
+from rr_fakes.shims.verl_job import assets, job, mcore, patches, rr_hook, table
 from rr_fakes.shims.verl_job.platform import DeviceIndex
 
 
@@ -165,3 +167,94 @@ def test_compare_fails_rr_routes_that_are_not_smaller_than_verls(tmp_path: Path)
     larger = table.step_rows(_run(tmp_path, rr=True, passes=replayed, sent=(20, 90)))
     (problem,) = table.compare([*verls, *larger])
     assert "trainer_bytes 9.0 a replayed row; verl's own job 8.0" in problem
+
+
+def test_megatron_job_runs_verls_megatron_config_with_the_harness(tmp_path: Path) -> None:
+    spec = job.JobSpec(engine="megatron", rr=True)
+    assert job.main_ppo(spec)[-1] == "--config-name=ppo_megatron_trainer"
+    assert "--config-name=ppo_megatron_trainer" not in job.main_ppo(
+        job.JobSpec(engine="fsdp2", rr=True)
+    )
+    lines = job.overrides(spec, tmp_path, tmp_path, tmp_path, tmp_path, tmp_path)
+    megatron = "actor_rollout_ref.actor.megatron"
+    assert f"{megatron}.router_replay.mode=R3" in lines
+    assert f"{megatron}.override_transformer_config.attention_backend=local" in lines
+    assert f"+{megatron}.override_transformer_config.moe_grouped_gemm=false" in lines
+    assert not any("fsdp_config" in line for line in lines)
+    assert job.environment(tmp_path, spec)[mcore.ENV] == "1"
+    assert mcore.ENV not in job.environment(tmp_path, job.JobSpec(engine="fsdp2", rr=True))
+
+
+def test_megatron_harness_refuses_a_bridge_release_it_was_not_checked_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if importlib.util.find_spec("megatron.bridge") is None:  # it imports under the harness only
+        pytest.skip("megatron-bridge is not installed")
+    monkeypatch.setattr(mcore, "CHECKED_BRIDGE", ("0.0.1",))
+    with pytest.raises(mcore.MegatronJobShimError, match=r"checked on megatron-bridge \['0.0.1'\]"):
+        mcore.check_bridge()
+
+
+#: A process that arms the harness, then imports what verl's Megatron engine imports.
+_ARMED = """
+import sys, typing, torch
+import rr_fakes.shims.verl_job.mcore as mcore
+mcore.arm()
+assert "megatron" not in sys.modules and not torch._C._is_torch_function_mode_enabled()
+from megatron.core import parallel_state
+from megatron.bridge.training.utils.config_utils import create_ddp_config
+print("armed", torch._C._is_torch_function_mode_enabled(), hasattr(typing, "override"))
+"""
+
+
+def test_megatron_harness_enters_when_the_process_first_imports_megatron() -> None:
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("megatron.bridge") is None:  # it imports under the harness only
+        pytest.skip("megatron-bridge is not installed")
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _ARMED], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "armed True True" in done.stdout
+
+
+class _Controller:
+    """rr_core.ReplayController's part the hook measures: a step end returning a report."""
+
+    def __init__(self, agreement: dict[int, float]) -> None:
+        self.agreement = agreement
+
+    def end_step(self) -> object:
+        return types.SimpleNamespace(agreement=self.agreement, order_agreement=self.agreement)
+
+
+def _megatron_batch() -> dict[str, torch.Tensor]:
+    ids = torch.nested.nested_tensor([torch.ones(5), torch.ones(3)], layout=torch.jagged)
+    mask = torch.nested.nested_tensor([torch.ones(2), torch.zeros(1)], layout=torch.jagged)
+    return {"input_ids": ids, "response_mask": mask, "routed_experts": ids}
+
+
+def test_megatron_pass_reports_every_chunks_step_in_the_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(rr_hook.REPORTS, str(tmp_path / "reports.jsonl"))
+    chunks = [_Controller({1: 0.5}), _Controller({3: 1.0})]
+
+    def pass_(data: object, loss: object, forward_only: bool = False) -> str:
+        for chunk in chunks:  # verl's RouterReplay.clear_global_indices, inside the pass
+            rr_hook._TALLIES.setdefault(chunk, rr_hook._Tally()).rows += 4
+            rr_hook._end_step(lambda *a, **k: a[0].end_step(), chunk, (chunk,), {})
+        return "out"
+
+    engine = types.SimpleNamespace()
+    out = rr_hook._megatron_forward_backward_batch(pass_, engine, (_megatron_batch(), None), {})
+    assert out == "out"
+    assert rr_hook._PASS_REPORTS is None
+    (record,) = table.read_jsonl(tmp_path / "reports.jsonl")
+    assert record["rows_to_replay"] == 4  # the first sequence's 5 tokens but its last
+    assert record["rows_armed"] == 4  # each chunk arms the batch's rows for its own layers
+    assert record["agreement"] == {"1": 0.5, "3": 1.0}
+    rr_hook._end_step(lambda *a, **k: a[0].end_step(), chunks[0], (chunks[0],), {})  # no pass
+    assert rr_hook._PASS_REPORTS is None

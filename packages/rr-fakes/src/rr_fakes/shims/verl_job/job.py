@@ -12,10 +12,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rr_fakes.shims.ray_tmp import ray_tmpdir
+from rr_fakes.shims.verl_job import mcore
 
 PLUGIN = "rr_fakes.shims.verl_job.platform"
 RR_HOOK = "rr_fakes.shims.verl_job.rr_hook.install"
 MEASURE_HOOK = "rr_fakes.shims.verl_job.rr_hook.measure"
+#: The Megatron engine's transformer-config overrides on CPU (rr_fakes.megatron.bridge_shims'
+#: CPU_OVERRIDES but the two verl sets itself: the alltoall dispatcher, no balancing loss).
+CPU_TRANSFORMER_CONFIG = {
+    "moe_grouped_gemm": False,
+    "moe_permute_fusion": False,
+    "bias_activation_fusion": False,
+    "bias_dropout_fusion": False,
+    "masked_softmax_fusion": False,
+    "apply_rope_fusion": False,
+    "gradient_accumulation_fusion": False,
+    "persist_layer_norm": False,
+    "use_cpu_initialization": True,
+}
 #: How often the process tree's memory is sampled.
 SAMPLE_S = 0.5
 
@@ -66,7 +80,18 @@ def environment(work: Path, spec: JobSpec) -> dict[str, str]:
             "TMPDIR": str(ray_tmpdir()),  # Ray's session folder, outside nox's virtualenv
         }
     )
+    if spec.engine == "megatron":  # rr's megatron-core harness where a process imports megatron
+        env[mcore.ENV] = "1"
     return env
+
+
+def main_ppo(spec: JobSpec) -> list[str]:
+    """verl's trainer, with its config for the job's engine (the Megatron engine's nests the
+    actor's engine settings under ``actor.megatron``)."""
+    command = [sys.executable, "-m", "verl.trainer.main_ppo"]
+    if spec.engine == "megatron":
+        command.append("--config-name=ppo_megatron_trainer")
+    return command
 
 
 def overrides(
@@ -131,7 +156,20 @@ def overrides(
             f"{actor}.fsdp_config.use_torch_compile=false",
         ]
     if spec.engine == "megatron":  # verl's own R3, or rr's where the hook installs it
-        lines.append(f"{actor}.megatron.router_replay.mode=R3")
+        megatron = f"{actor}.megatron"
+        lines += [
+            f"{megatron}.router_replay.mode=R3",  # (bfloat16: verl refuses any other dtype)
+            f"{megatron}.sequence_parallel=false",  # one rank: no tensor parallelism
+            f"{megatron}.use_distributed_optimizer=false",
+            # verl's default is flash-attention (Transformer Engine): Megatron's own attention
+            f"{megatron}.override_transformer_config.attention_backend=local",
+        ]
+        # what rr's bridge harness sets on every CPU build: no fused kernels (Transformer
+        # Engine / apex / torch.compile), no grouped GEMM, CPU initialisation
+        lines += [
+            f"+{megatron}.override_transformer_config.{name}={str(value).lower()}"
+            for name, value in CPU_TRANSFORMER_CONFIG.items()
+        ]
     elif spec.rr:  # verl's FSDP engine yaml has no router_replay entry: `+` adds it
         lines.append(f"+{actor}.fsdp_config.router_replay.mode=R3")
     return lines
@@ -163,8 +201,7 @@ def run(
     for stale in ("VERL_FILE_LOGGER_PATH", "RR_VERL_JOB_REPORTS"):
         Path(env[stale]).unlink(missing_ok=True)
     log = work / f"{spec.name}.log"
-    command = [sys.executable, "-m", "verl.trainer.main_ppo"]
-    command += overrides(spec, model, train, val, reward, work)
+    command = [*main_ppo(spec), *overrides(spec, model, train, val, reward, work)]
     start = time.monotonic()
     peak = 0
     with log.open("wb") as out:

@@ -17,13 +17,14 @@ each guarded by the releases it was checked on.
 from __future__ import annotations
 
 import contextlib
+import os
 import types
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from rr_fakes.shims.verl_job import patches
+from rr_fakes.shims.verl_job import mcore, patches
 
 PLATFORM_NAME = "cpu"
 
@@ -183,3 +184,5 @@ def register() -> None:
 
 register()
 patches.apply()
+if os.environ.get(mcore.ENV):
+    mcore.arm()

@@ -30,6 +30,8 @@ import wrapt
 FSDP_ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 ENGINE_WORKERS = "verl.workers.engine_workers"
 MEGATRON_ENGINE = "verl.workers.engine.megatron.transformer_impl"
+#: rr's verl Megatron side's per-chunk state (its controller).
+MEGATRON_CHUNK = "rr_megatron_compat.verl._chunk"
 #: The rollout side's module (the switch installs that side when a process imports it).
 ROLLOUT_MODULE = "verl.experimental.agent_loop.agent_loop"
 #: What verl's training worker is handed across Ray (the harness weighs the routes in it).
@@ -88,12 +90,20 @@ def _arming(method: str) -> Any:
     return wrapper
 
 
+#: The step reports of the Megatron engine pass in progress (controller, report), else None:
+#: verl's Megatron engine ends rr's step inside its pass (``RouterReplay.clear_global_indices``).
+_PASS_REPORTS: list[tuple[Any, Any]] | None = None
+
+
 def _end_step(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     start = time.perf_counter()
     try:
-        return wrapped(*args, **kwargs)
+        report = wrapped(*args, **kwargs)
     finally:
         _TALLIES.setdefault(instance, _Tally()).rr_s += time.perf_counter() - start
+    if _PASS_REPORTS is not None:
+        _PASS_REPORTS.append((instance, report))
+    return report
 
 
 def _rows_to_replay(data: Any) -> int:
@@ -131,6 +141,51 @@ def _forward_backward_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any)
         }
     )
     return output
+
+
+def _megatron_forward_backward_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """The Megatron engine's pass: rr's step reports of its model chunks, ended in the pass.
+    Each chunk's controller arms the batch's rows for its own layers: the rows are one chunk's,
+    the agreement every chunk's layers."""
+    global _PASS_REPORTS
+    data = args[0] if args else kwargs["data"]
+    forward_only = bool(args[2] if len(args) > 2 else kwargs.get("forward_only", False))
+    _PASS_REPORTS = reports = []
+    start = time.perf_counter()
+    try:
+        output = wrapped(*args, **kwargs)
+    finally:
+        _PASS_REPORTS = None
+    seconds = time.perf_counter() - start
+    tallies = [_TALLIES.pop(controller, _Tally()) for controller, _ in reports]
+    agreement: dict[int, float] = {}
+    order_agreement: dict[int, float] = {}
+    for _, report in reports:
+        agreement.update(report.agreement)
+        order_agreement.update(report.order_agreement)
+    has_routes = data.get("routed_experts", None) is not None
+    _write(
+        {
+            "event": "pass",
+            "engine": type(instance).__name__,
+            "forward_only": forward_only,
+            "routes_in_batch": has_routes,
+            "rows_to_replay": _rows_to_replay(data) if has_routes else 0,
+            "rows_armed": max((tally.rows for tally in tallies), default=0),
+            "agreement": agreement,
+            "order_agreement": order_agreement,
+            "pass_s": seconds,
+            "rr_host_s": sum(tally.rr_s for tally in tallies),
+        }
+    )
+    return output
+
+
+def _measured_chunks(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
+    """rr's verl Megatron side makes each chunk's controller without agreement (verl's API has
+    no place to read it); the harness measures it, as rr's FSDP side does."""
+    wrapped(*args, **kwargs)
+    instance.controller.measure_agreement = True
 
 
 def _debug_metrics(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -193,15 +248,38 @@ def _measured_worker(module: Any) -> None:
         wrapt.wrap_function_wrapper(module, f"TrainingWorker.{entry}", _received)
 
 
-def _measured_engine(module: Any) -> None:
+_CONTROLLERS_MEASURED = False
+
+
+def _measure_controllers() -> None:
+    """rr's arming and step ends, once a process (verl's engine package imports both engines)."""
+    global _CONTROLLERS_MEASURED
+    if _CONTROLLERS_MEASURED:
+        return
     import rr_core
 
-    wrapt.wrap_function_wrapper(
-        module, "FSDPEngine.forward_backward_batch", _forward_backward_batch
-    )
+    _CONTROLLERS_MEASURED = True
     for method in ("arm", "arm_batch"):
         wrapt.wrap_function_wrapper(rr_core.ReplayController, method, _arming(method))
     wrapt.wrap_function_wrapper(rr_core.ReplayController, "end_step", _end_step)
+
+
+def _measured_engine(module: Any) -> None:
+    wrapt.wrap_function_wrapper(
+        module, "FSDPEngine.forward_backward_batch", _forward_backward_batch
+    )
+    _measure_controllers()
+
+
+def _measured_megatron_engine(module: Any) -> None:
+    wrapt.wrap_function_wrapper(
+        module, "MegatronEngine.forward_backward_batch", _megatron_forward_backward_batch
+    )
+    _measure_controllers()
+
+
+def _measured_chunk(module: Any) -> None:
+    wrapt.wrap_function_wrapper(module, "_Chunk.__init__", _measured_chunks)
 
 
 def _measured_trainer(module: Any) -> None:
@@ -225,6 +303,8 @@ def measure() -> None:
     """The harness's figures alone (the job without rr): Ray's ``worker_process_setup_hook``."""
     wrapt.register_post_import_hook(_measured_trainer, DEBUG_METRICS)
     wrapt.register_post_import_hook(_measured_engine, FSDP_ENGINE)
+    wrapt.register_post_import_hook(_measured_megatron_engine, MEGATRON_ENGINE)
+    wrapt.register_post_import_hook(_measured_chunk, MEGATRON_CHUNK)
     wrapt.register_post_import_hook(_measured_rollout, ROLLOUT_MODULE)
     wrapt.register_post_import_hook(_measured_worker, ENGINE_WORKERS)
     _write({"event": "hook"})

@@ -1,0 +1,123 @@
+"""rr's CPU harness for megatron-core (and Megatron-Bridge) in the processes of a Megatron-engine
+job: :func:`rr_fakes.megatron.megatron_cpu` and :func:`rr_fakes.megatron.bridge_shims.bridge_cpu`
+entered for the rest of the process, at the moment it first imports ``megatron``.
+
+verl's Megatron engine imports megatron-core at module level and builds its model through
+Megatron-Bridge; on this machine both need the harness in place before they import (megatron-core
+0.18+ imports triton; bridge 0.6.2 imports ``typing.override``, Python 3.12+) and while they run
+(CUDA streams, RNG tracker, Transformer Engine layer specs). A process that never imports
+megatron (vLLM's engine core, the reward worker, ...) pays nothing: the import finder below
+only wraps the loader of the top-level ``megatron`` package.
+
+The harness's CUDA-to-CPU torch-function mode is thread-local: it is entered in the thread that
+imports megatron, which in verl's Ray workers is the thread that runs the actor's methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata as metadata
+import importlib.util
+import sys
+import types
+from typing import Any
+
+#: Set by the harness for a Megatron-engine job (every process of the job inherits it).
+ENV = "RR_VERL_JOB_MEGATRON"
+
+#: The Megatron-Bridge releases the job's placeholders were checked on.
+CHECKED_BRIDGE: tuple[str, ...] = ("0.6.2",)
+#: verl's Megatron engine builds its DDP config with ``megatron.bridge.training.utils.
+#: config_utils.create_ddp_config`` (``verl/utils/megatron_utils.py:445``; its fallback imports
+#: the same module), whose ``megatron.bridge.training.config`` imports ``megatron.bridge.data``
+#: and with it Energon's data module (``megatron/bridge/data/energon/
+#: base_energon_datamodule.py:19``: ``from megatron.energon import ...``), a package of its own
+#: (megatron-energon) that building and training a model never calls. Per importer, the
+#: module that gets a placeholder where it is absent (rr_fakes' bridge harness's kind).
+JOB_PLACEHOLDERS = {
+    "megatron.bridge.data.energon.base_energon_datamodule": "megatron.energon",
+}
+#: What the job imports under :data:`JOB_PLACEHOLDERS` (verl imports it later, mid-build).
+JOB_IMPORTS = ("megatron.bridge.training.config",)
+
+
+class MegatronJobShimError(RuntimeError):
+    """The job's Megatron harness met a Megatron-Bridge release it was not checked on."""
+
+
+_STACK = contextlib.ExitStack()
+
+
+def check_bridge() -> None:
+    """Refuse a Megatron-Bridge release :data:`JOB_PLACEHOLDERS` was not checked on."""
+    release = metadata.version("megatron-bridge")
+    if release not in CHECKED_BRIDGE:
+        raise MegatronJobShimError(
+            f"rr_fakes.shims.verl_job.mcore was checked on megatron-bridge {list(CHECKED_BRIDGE)}"
+            f"; installed: {release}. Re-check JOB_PLACEHOLDERS against its importers and add "
+            "the release, or drop what it no longer needs"
+        )
+
+
+def _enter() -> None:
+    """The harness, for the rest of this process (the ``ExitStack`` is never closed)."""
+    from rr_fakes.megatron import megatron_cpu
+
+    bridge = importlib.util.find_spec("megatron.bridge") is not None
+    if bridge:
+        check_bridge()
+    _STACK.enter_context(megatron_cpu())
+    if not bridge:
+        return
+    from rr_fakes.megatron.bridge_shims import _placeholders_for, bridge_cpu
+
+    _STACK.enter_context(bridge_cpu())
+    with _placeholders_for(JOB_PLACEHOLDERS):
+        for name in JOB_IMPORTS:
+            importlib.import_module(name)
+
+
+class _Loader(importlib.abc.Loader):
+    """The real loader of ``megatron`` (None: megatron-core and Megatron-Bridge share it as a
+    namespace package); once the package has executed, the harness."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        if self.loader is None:
+            return None
+        module: types.ModuleType | None = self.loader.create_module(spec)
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if self.loader is not None:
+            self.loader.exec_module(module)
+        _enter()
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds ``megatron`` once, as the other finders do, with :class:`_Loader` in front."""
+
+    def find_spec(
+        self, name: str, path: Any = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if name != "megatron":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            return None
+        spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def arm() -> None:
+    """Enter the harness when this process first imports megatron (at once if it already has)."""
+    if "megatron" in sys.modules:
+        _enter()
+    elif not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
