@@ -9,10 +9,10 @@ checkpoint built here (``rr_fakes.hf_checkpoints``, no download).
 - ``wire_bytes_per_token``: bytes per token of the routes as they travel: the engine's uint8
   rows as the HTTP answer carries them (base64 of the ``.npy`` bytes), and rr's payloads
   (``rr_core.encode_routes``: raw, packed, set) of the decoded batch.
-- ``decode_over_copy``: ``rr_vllm.decode_vllm_batch`` of the real batch (decode, checks, one
-  copy into the batch) against a copy of the same rows (copy time / decode time, median of
-  alternated rounds; 1.0 is copy speed). A tiny model's rows are a few hundred bytes a sample,
-  so this measures rr's fixed cost per sample (also given in microseconds), not its data path
+- ``decode_over_copy``: ``rr_vllm.decode_vllm_output(...).to_batch()`` of the real batch (decode,
+  checks, one copy into the batch) against a copy of the same rows (copy time / decode time, median
+  of alternated rounds; 1.0 is copy speed). A tiny model's rows are a few hundred bytes a sample, so
+  this measures rr's fixed cost per sample (also given in microseconds), not its data path
   (``bench_vllm.py`` measures that on Qwen3-30B-A3B-sized rows).
 
 Usage: ``python bench_engine.py [--prompts 32] [--tokens 64] [--repeat 5] [--json] [--out F]``. Set
@@ -90,7 +90,7 @@ def run(prompts: int, tokens: int, repeat: int) -> dict[str, Any]:
 
     from rr_core import CODECS, encode_routes
     from rr_fakes.hf_checkpoints import build_checkpoint
-    from rr_vllm import ModelGeometry, decode_vllm_batch, vllm_engine_args
+    from rr_vllm import DecodeOptions, ModelGeometry, decode_vllm_output, vllm_engine_args
 
     checkpoint = build_checkpoint("qwen3_moe")
     geometry = ModelGeometry.from_hf_config(AutoConfig.from_pretrained(checkpoint.path))
@@ -111,11 +111,11 @@ def run(prompts: int, tokens: int, repeat: int) -> dict[str, Any]:
     times = alternate(
         {
             "copy": lambda: np.copyto(target, flat),
-            "decode": lambda: decode_vllm_batch(outputs, meta),
+            "decode": lambda: decode_vllm_output(outputs, DecodeOptions(meta=meta)).to_batch(),
         },
         max(repeat * 4, 20),
     )
-    batch = decode_vllm_batch(outputs, meta)
+    batch = decode_vllm_output(outputs, DecodeOptions(meta=meta)).to_batch()
     token_count = sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outputs)
     wire = {"http_npy_base64": sum(len(npy_base64(r)) for r in rows) / token_count}
     for codec in CODECS:

@@ -7,7 +7,8 @@ uint8 payload (copy time / measured time), so ratios hold across machines. The c
 alternation, round after round, and each ratio is the median over rounds of that round's copy
 over its time (a shared machine drifts; neighbours in time see the same drift). The two goals:
 
-- ``vllm_datapath_vs_memcpy`` >= 0.5: :func:`rr_vllm.decode_vllm_batch` with ``validate=False``
+- ``vllm_datapath_vs_memcpy`` >= 0.5: ``rr_vllm.decode_vllm_output(outputs, options).to_batch()``
+  with ``validate=False``
   (decode, structural checks, one copy into the batch), in a loop's steady state: the batch
   lands in the memory of the one dropped before it (:func:`rr_core.buffers.recycled`), as the
   copy lands in a buffer written before; ``vllm_datapath_fresh_buffer_vs_memcpy`` is the same
@@ -16,7 +17,7 @@ over its time (a shared machine drifts; neighbours in time see the same drift). 
   (``RouteBatch.validate``: range, K distinct ids, all-zero capture, empty dense slots) on one
   thread; ``vllm_idchecks_vs_memcpy`` has them at each thread count, so the scaling shows.
 
-``vllm_assembly_vs_memcpy`` is the default ``decode_vllm_batch`` (both, checks on);
+``vllm_assembly_vs_memcpy`` is the default ``to_batch()`` (both, checks on);
 ``vllm_per_sample_vs_memcpy`` decodes each output on its own and batches with
 ``validate_samples``.
 
@@ -39,7 +40,7 @@ from bench_common import alternate, report, sizes_parser
 
 from rr_core import RouteMeta, buffers, kernels
 from rr_core.routes import idcheck_words
-from rr_vllm import decode_vllm_batch, decode_vllm_output, to_trainer_layout, validate_samples
+from rr_vllm import DecodeOptions, decode_vllm_output, to_trainer_layout, validate_samples
 
 LAYERS, EXPERTS, TOP_K = 48, 128, 8
 META = RouteMeta(
@@ -118,25 +119,26 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
     target = np.empty_like(payload)
     prompts = [len(r.prompt_token_ids) for r in reqs]
     threads = torch.get_num_threads()
+    options, unchecked = DecodeOptions(meta=meta), DecodeOptions(meta=meta, validate=False)
 
     def copy() -> None:
         np.copyto(target, payload)
 
     def decode() -> list[Any]:
-        return [s for r in reqs for s in decode_vllm_output(r, meta)]
+        return [s for r in reqs for s in decode_vllm_output(r, options)]
 
     def per_sample() -> Any:
         return validate_samples(decode(), meta)
 
     def datapath() -> Any:
-        return decode_vllm_batch(reqs, meta, validate=False)
+        return decode_vllm_output(reqs, unchecked).to_batch()
 
     def datapath_fresh() -> Any:  # the first step of a loop: no dropped batch to reuse
         with fresh_buffers():
-            return decode_vllm_batch(reqs, meta, validate=False)
+            return decode_vllm_output(reqs, unchecked).to_batch()
 
     def assemble() -> Any:
-        return decode_vllm_batch(reqs, meta)
+        return decode_vllm_output(reqs, options).to_batch()
 
     batch = assemble()
     assert batch.equal(per_sample())

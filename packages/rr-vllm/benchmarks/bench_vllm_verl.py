@@ -2,7 +2,8 @@
 own int16 conversion, on a Qwen3-30B-A3B-shaped rollout (48 MoE layers, 128 experts, top-8; uint8
 engine arrays of ``T - 1`` rows, as vLLM 0.22+ returns them).
 
-For each codec: ``pack_ms`` is the rollout side (:func:`rr_vllm.decode_vllm_batch`, which copies
+For each codec: ``pack_ms`` is the rollout side (``rr_vllm.decode_vllm_output(...).to_batch()``,
+which copies
 and validates, then :func:`rr_vllm.pack_batch_for_verl` encoding without validating again),
 ``expand_ms`` the trainer side (:func:`rr_vllm.to_verl_nested` on the CPU), ``bytes_per_token``
 what ships between them. ``verl_ms`` is verl's ``AgentLoopOutput.as_dict`` for every sample plus
@@ -50,7 +51,18 @@ from bench_common import alternate, sizes_parser
 from bench_vllm import EXPERTS, LAYERS, META, TOP_K, available_kernels, best, requests
 
 from rr_core import CODECS, RouteMeta, kernels
-from rr_vllm import decode_vllm_batch, pack_batch_for_verl, to_trainer_layout, to_verl_nested
+from rr_vllm import (
+    DecodeOptions,
+    decode_vllm_output,
+    pack_batch_for_verl,
+    to_trainer_layout,
+    to_verl_nested,
+)
+
+
+def batch_of(reqs: list[Any], meta: RouteMeta) -> Any:
+    """The rollout's validated batch, as a rollout loop makes it (one copy of each array)."""
+    return decode_vllm_output(reqs, DecodeOptions(meta=meta)).to_batch()
 
 
 def verl_functions() -> tuple[Any, Any] | None:
@@ -97,14 +109,12 @@ def run(samples: int, tokens: int, repeat: int) -> dict[str, Any]:
         result["verl_ms"] = best(convert, repeat) * 1e3
     else:
         result["verl_ms"] = None
-    batch = decode_vllm_batch(reqs, meta)
+    batch = batch_of(reqs, meta)
     shipped: dict[str, Any] = {}
     for codec in CODECS:
 
         def pack(codec: str = codec) -> Any:
-            return pack_batch_for_verl(
-                decode_vllm_batch(reqs, meta), prompts, codec=codec, validate=False
-            )
+            return pack_batch_for_verl(batch_of(reqs, meta), prompts, codec=codec, validate=False)
 
         routes = shipped[codec] = pack()
         ours = to_verl_nested(routes)
@@ -257,19 +267,17 @@ def side_by_side(
 
     def layout(dtype: torch.dtype) -> Callable[[], Any]:
         return lambda: (
-            to_trainer_layout(
-                decode_vllm_batch(reqs, meta), prompts, **sizes, dtype=dtype
-            ).routes_BSLK
+            to_trainer_layout(batch_of(reqs, meta), prompts, **sizes, dtype=dtype).routes_BSLK
         )
 
     def encode(codec: str) -> Callable[[], Any]:
         return lambda: pack_batch_for_verl(
-            decode_vllm_batch(reqs, meta), prompts, codec=codec, validate=False
+            batch_of(reqs, meta), prompts, codec=codec, validate=False
         )
 
     paths: dict[str, Callable[[], Any]] = {
         "verl": verl_convert,
-        "decode": lambda: decode_vllm_batch(reqs, meta),
+        "decode": lambda: batch_of(reqs, meta),
         "decode_layout_uint8": layout(torch.uint8),
         "decode_layout_int16": layout(torch.int16),
         **{f"decode_{codec}": encode(codec) for codec in CODECS},
