@@ -18,6 +18,7 @@ arming, in the worker: a replay broken in one layer, which rr's step end must re
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -215,21 +216,24 @@ def route_bytes(tensors: Any, objects: Any) -> int:
     return total
 
 
-def _rollout_sent(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """The agent-loop worker's batch, on its way to verl's trainer."""
+def _rollout_received(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """The agent-loop workers' batches as verl's trainer receives them (joined), weighed in
+    the trainer: a wrapper on the worker's own class would not reach the worker processes (Ray
+    ships an actor class with copies of its methods, see ``rr_vllm.verl.compacting_worker``)."""
 
-    async def weighed() -> Any:
-        out = await wrapped(*args, **kwargs)
-        _write(
-            {
-                "event": "sent",
-                "hop": "rollout",
-                "route_bytes": route_bytes(out.batch, out.non_tensor_batch),
-            }
-        )
+    def weigh(out: Any) -> Any:
+        bytes_ = route_bytes(out.batch, out.non_tensor_batch)
+        _write({"event": "sent", "hop": "rollout", "route_bytes": bytes_})
         return out
 
-    return weighed()
+    result = wrapped(*args, **kwargs)
+    if inspect.isawaitable(result):  # verl's auto_await: a coroutine inside an event loop
+
+        async def weighed() -> Any:
+            return weigh(await result)
+
+        return weighed()
+    return weigh(result)
 
 
 def _received(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -240,7 +244,7 @@ def _received(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _measured_rollout(module: Any) -> None:
-    wrapt.wrap_function_wrapper(module, "AgentLoopWorker.generate_sequences", _rollout_sent)
+    wrapt.wrap_function_wrapper(module, "AgentLoopManager.generate_sequences", _rollout_received)
 
 
 def _measured_worker(module: Any) -> None:
