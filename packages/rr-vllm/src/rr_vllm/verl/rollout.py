@@ -129,22 +129,39 @@ def _check_trained_tail(n: int, p: int, mask: np.ndarray, what: str) -> None:
 # -- the hooks -----------------------------------------------------------------------------------
 
 
-def _compact_in_agent_loop(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``_agent_loop_postprocess(output, validate, **kwargs)`` on a copy of ``output`` whose
-    routes moved into ``extra_fields`` (which verl turns into the batch's non-tensor fields), so
-    verl's int16 copy is never built."""
-    args = list(args)
-    output = args[0] if args else kwargs["output"]
-    if getattr(output, "routed_experts", None) is not None:
-        routes = compact_sample(output, _meta_of(instance), codec=ADAPTER.codec)
-        output = output.model_copy(
-            update={"routed_experts": None, "extra_fields": {**output.extra_fields, FIELD: routes}}
-        )
-        if args:
-            args[0] = output
-        else:
-            kwargs["output"] = output
-    return wrapped(*args, **kwargs)
+def compacted_output(worker: Any, output: Any) -> Any:
+    """``output`` (verl's ``AgentLoopOutput``) with its routes validated and moved, compact,
+    into ``extra_fields`` (which verl turns into the batch's non-tensor fields), so verl's int16
+    copy is never built. Unchanged where it has no routes, or where this process's rollout side
+    is not installed (verl's own path then carries the routes, which the trainer reads too)."""
+    if getattr(output, "routed_experts", None) is None or not ADAPTER.install_requested:
+        return output
+    routes = compact_sample(output, _meta_of(worker), codec=ADAPTER.codec)
+    return output.model_copy(
+        update={"routed_experts": None, "extra_fields": {**output.extra_fields, FIELD: routes}}
+    )
+
+
+def compacting_worker(verls: Any) -> type:
+    """verl's ``AgentLoopWorker`` whose ``_agent_loop_postprocess`` compacts each sample's
+    routes first (:func:`compacted_output`). A subclass, not a wrapper on verl's method: verl's
+    trainer ships the class to the agent-loop worker processes with ``ray.remote``, and Ray
+    copies an actor class's methods into the class it pickles (its tracing wrappers), where a
+    wrapper set on verl's class would be pickled as verl's bare function and shadow the worker's
+    own patch; a subclass's method travels with the class (Ray 2.60, verl 0.9.1)."""
+
+    async def _agent_loop_postprocess(self: Any, output: Any, validate: Any, **kwargs: Any) -> Any:
+        compact = compacted_output(self, output)
+        return await verls._agent_loop_postprocess(self, compact, validate, **kwargs)
+
+    _agent_loop_postprocess.__qualname__ = f"{verls.__name__}._agent_loop_postprocess"
+    namespace = {
+        "_agent_loop_postprocess": _agent_loop_postprocess,
+        "__module__": __name__,
+        "__doc__": f"{verls.__doc__ or ''}\n\nrr: each sample's routes stored compact.",
+        "rr_verl_class": verls,
+    }
+    return type(verls.__name__, (verls,), namespace)
 
 
 def _meta_of(worker: Any) -> RouteMeta:
@@ -212,6 +229,18 @@ class VerlRolloutAdapter(Installer):
     def __init__(self) -> None:
         super().__init__()
         self.codec = "packed"
+        self.worker: type | None = None  # verl's AgentLoopWorker, compacting
+
+    def _uninstall(self) -> int:
+        """verl's classes and functions back, also in verl modules that copied them by name
+        while installed (the subclass passes through there once uninstalled)."""
+        worker, removed = self.worker, self.patches.restore()
+        if worker is not None:
+            verls = worker.rr_verl_class  # type: ignore[attr-defined]
+            removed += self.patches.restore_copies(
+                worker, verls, "AgentLoopWorker", within=_is_verl
+            )
+        return removed
 
     def install(self, *, force: bool = False, codec: str = "packed") -> tuple[str, ...]:
         """Hook verl's agent loop and padding; ``codec`` is the payload each sample is stored in
@@ -225,8 +254,10 @@ class VerlRolloutAdapter(Installer):
     def _install(self, *, force: bool) -> tuple[str, ...]:
         if not self.patches.in_place():
             self.patches.restore()
-            worker = importlib.import_module(AGENT_LOOP).AgentLoopWorker
-            self.patches.wrap(worker, "_agent_loop_postprocess", _compact_in_agent_loop)
+            verls = importlib.import_module(AGENT_LOOP).AgentLoopWorker
+            verls = getattr(verls, "rr_verl_class", verls)  # a copy of an earlier install's
+            self.worker = compacting_worker(verls)
+            self.patches.set_copies(verls, self.worker, "AgentLoopWorker", within=_is_verl)
             padding = importlib.import_module(PADDING)
             theirs = padding.left_right_2_no_padding
             ours = self.patches.wrap(padding, "left_right_2_no_padding", _expand_for_trainer)
