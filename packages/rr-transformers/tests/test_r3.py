@@ -198,7 +198,8 @@ def _check_replay(
 
 def _decoded(model: nn.Module, rollouts: Sequence[Any], era: VllmEra) -> RouteBatch:
     meta = _meta(model, rollouts[0].moe_layer_numbers)
-    batch = rr_vllm.decode_vllm_batch([r.vllm_output(era) for r in rollouts], meta)
+    options = rr_vllm.DecodeOptions(meta=meta)
+    batch = rr_vllm.decode_vllm_output([r.vllm_output(era) for r in rollouts], options).to_batch()
     for b, r in enumerate(rollouts):
         values_TLK, valid_T = batch.sequence(b)
         T = len(r.token_ids)
@@ -228,23 +229,23 @@ def test_r3_with_t_minus_1_rows_per_sequence(model_type, layout):
 
 
 def test_per_request_decoding_gives_the_batch_decoding():
-    """decode_vllm_output + validate_samples, the per-request path, gives decode_vllm_batch's
-    batch for every era."""
+    """Each request decoded on its own and its samples batched give the rollout's one-copy batch
+    (decode_vllm_output of every request, to_batch()) for every era."""
     model, rollouts = _rollouts("qwen3_moe")
-    meta = _meta(model, rollouts[0].moe_layer_numbers)
+    options = rr_vllm.DecodeOptions(meta=_meta(model, rollouts[0].moe_layer_numbers))
     for era in VllmEra:
         outputs = [r.vllm_output(era) for r in rollouts]
-        samples = [s for o in outputs for s in rr_vllm.decode_vllm_output(o, meta)]
-        assert rr_vllm.validate_samples(samples, meta).equal(
-            rr_vllm.decode_vllm_batch(outputs, meta)
+        samples = [s for o in outputs for s in rr_vllm.decode_vllm_output(o, options)]
+        assert rr_vllm.validate_samples(samples, options.meta).equal(
+            rr_vllm.decode_vllm_output(outputs, options).to_batch()
         )
 
 
 @pytest.mark.parametrize("layout", ["left", "packed"])
 def test_r3_replays_an_sglang_rollout(layout):
     model, rollouts = _rollouts("deepseek_v3")
-    meta = _meta(model, rollouts[0].moe_layer_numbers)
-    samples = [rr_vllm.decode_sglang(r.sglang_output(), meta) for r in rollouts]
-    batch = rr_vllm.validate_samples(samples, meta)
+    options = rr_vllm.DecodeOptions(meta=_meta(model, rollouts[0].moe_layer_numbers))
+    routes = [rr_vllm.decode_sglang(r.sglang_output(), options) for r in rollouts]
+    batch = sum(routes[1:], routes[0]).to_batch()  # one rollout, answers decoded apart
     assert torch.equal(batch.values_NLK, _decoded(model, rollouts, ERAS[0]).values_NLK)
     _check_replay(model, rollouts, batch, layout)
