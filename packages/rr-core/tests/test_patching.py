@@ -155,9 +155,7 @@ def test_set_copies_replaces_a_proxy_an_earlier_uninstall_left_passing_through()
             assert late["late"].op is old_active
 
 
-def test_restore_copies_puts_the_original_back_in_copies_taken_while_rr_was_set() -> (
-    None
-):
+def test_restore_copies_puts_the_original_back_in_copies_taken_while_rr_was_set() -> None:
     """``from module import op`` while rr's value was in place: no patch recorded that copy,
     so :meth:`Patches.restore` cannot put it back; :meth:`Patches.restore_copies` does."""
     within = lambda n: n.startswith("rrtest_")  # noqa: E731
