@@ -281,7 +281,7 @@ def assert_replayed(built: Built, calls: Calls, routes_TLK: torch.Tensor) -> Non
 def rollout_routes(built: Built, prompt: list[int]) -> tuple[Any, torch.Tensor]:
     """A noisy greedy rollout on the model and its routes ``[T-1, layers, K]`` as rr_vllm
     decodes vLLM's output (all-layers axis; every layer is MoE here)."""
-    from rr_vllm import decode_vllm_batch
+    from rr_vllm import DecodeOptions, decode_vllm_output
 
     built.chunk.eval()
     emulator = RolloutEmulator(built.chunk, E, K, noise=0.5, seed=3, forward=logits)
@@ -294,7 +294,8 @@ def rollout_routes(built: Built, prompt: list[int]) -> tuple[Any, torch.Tensor]:
         layer_numbers=built.layers,
         moe_layer_numbers=built.layers,
     )
-    values_TLK, valid_T = decode_vllm_batch([rollout.vllm_output(VllmEra.V0_32)], meta).sequence(0)
+    routes = decode_vllm_output(rollout.vllm_output(VllmEra.V0_32), DecodeOptions(meta=meta))
+    values_TLK, valid_T = routes.to_batch().sequence(0)
     rows = len(rollout.token_ids) - 1  # the last sampled token is never fed
     assert bool(valid_T[:rows].all())
     assert torch.equal(values_TLK[:rows].long(), torch.from_numpy(rollout.routes_TLK))

@@ -41,7 +41,7 @@ def rollout_batch(model_type: str, rank: int) -> tuple[Any, torch.Tensor, torch.
     from rr_core import RouteMeta
     from rr_fakes import RolloutEmulator
     from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, right_padded, tiny_model
-    from rr_vllm import decode_vllm_batch
+    from rr_vllm import DecodeOptions, decode_vllm_output
 
     engine = tiny_model(model_type)  # the inference engine's own copy of the weights
     num_layers = len(rr_transformers.decoder_layers(engine))
@@ -63,7 +63,8 @@ def rollout_batch(model_type: str, rank: int) -> tuple[Any, torch.Tensor, torch.
         layer_numbers=tuple(range(1, num_layers + 1)),
         moe_layer_numbers=rollouts[0].moe_layer_numbers,
     )
-    batch = decode_vllm_batch([r.vllm_output(ERA) for r in rollouts], meta)
+    outputs = [r.vllm_output(ERA) for r in rollouts]
+    batch = decode_vllm_output(outputs, DecodeOptions(meta=meta)).to_batch()
     ids_BS, mask_BS = right_padded([r.token_ids for r in rollouts])
     return batch, ids_BS, mask_BS
 
