@@ -704,10 +704,7 @@ def newest(session: nox.Session) -> None:
         install_with_torch(session, *step.install)
         if step.unfit:
             session.installer.uninstall(*step.unfit)  # type: ignore[attr-defined]
-        release = session.run(
-            "python", "-c", f"import importlib.metadata as m; print(m.version({name!r}))",
-            silent=True,
-        )  # fmt: skip
+        release = session.run("python", "-c", newest_report.READ_RELEASE, name, silent=True)
         output = session.run(
             "pytest", *step.tests, "-q", *step.workers, "--hypothesis-seed=0",
             "-p", "no:cacheprovider", silent=True, success_codes=range(6), env=step.env,
