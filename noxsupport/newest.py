@@ -36,6 +36,16 @@ _SUMMARY = re.compile(r"^=*\s*(\d+ \w+|no tests ran)\b.* in [\d.]+s\b")
 _TIME = re.compile(r" in [\d.]+s\b.*$")
 
 
+#: What a venv holds of a distribution: ``python -c READ_RELEASE NAME`` prints its release, or
+#: :data:`NOT_INSTALLED` (``nox -R`` skips every install, so a line never installed reads so).
+NOT_INSTALLED = "not installed"
+READ_RELEASE = (
+    "import importlib.metadata as m, sys\n"
+    "try:\n    print(m.version(sys.argv[1]))\n"
+    f"except m.PackageNotFoundError:\n    print({NOT_INSTALLED!r})"
+)
+
+
 def outcome(dependency: str, release: str, output: str) -> Outcome:
     """The line of a pytest run whose output is ``output``: passed when its summary counts
     passes and no failure or error (no tests collected is a failure). The summary is pytest's
@@ -46,6 +56,9 @@ def outcome(dependency: str, release: str, output: str) -> Outcome:
     summary = summaries[-1] if summaries else ""
     passed = " passed" in summary and not any(w in summary for w in ("failed", "error"))
     counts = _TIME.sub("", summary.strip("= "))
+    if release == NOT_INSTALLED:
+        reason = f"{dependency} is not installed (nox -R skips installs; rerun with -r)"
+        return Outcome(dependency, release, False, reason, counts)
     return Outcome(dependency, release, passed, "" if passed else first_failure(output), counts)
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from noxsupport.newest import Outcome, first_failure, outcome, table
+from noxsupport.newest import NOT_INSTALLED, READ_RELEASE, Outcome, first_failure, outcome, table
 
 
 def test_a_run_with_a_failure_names_the_first_one():
@@ -48,3 +49,13 @@ def test_the_line_carries_pytests_counts_so_a_skipped_suite_shows():
     assert found.summary == "2 passed, 40 skipped"
     assert "2 passed, 40 skipped" in table([found]).splitlines()[1]
     assert outcome("trl", "1.16.0", "Traceback").summary == ""
+
+
+def test_a_dependency_the_venv_lacks_fails_its_line_by_name():
+    read = [sys.executable, "-c", READ_RELEASE]
+    assert subprocess.run([*read, "pytest"], capture_output=True, text=True).stdout.strip()
+    lacking = subprocess.run([*read, "no-such-dist-rr"], capture_output=True, text=True)
+    assert lacking.stdout.strip() == NOT_INSTALLED
+    found = outcome("trl", NOT_INSTALLED, "sss\n3 skipped in 0.1s")
+    assert not found.passed
+    assert found.first_failure == "trl is not installed (nox -R skips installs; rerun with -r)"
