@@ -195,6 +195,20 @@ def test_megatron_harness_refuses_a_bridge_release_it_was_not_checked_on(
         mcore.check_bridge()
 
 
+def test_megatron_optimizer_reads_cpu_parameters_as_their_cuda_types(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
+    with mcore._CudaTensorTypes():
+        assert weight.type() == "torch.cuda.BFloat16Tensor"
+        assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
+        assert weight.type(torch.float32).dtype == torch.float32  # a conversion is left alone
+    assert weight.type() == "torch.BFloat16Tensor"
+    monkeypatch.setattr(metadata, "version", lambda name: "0.0.1")
+    with pytest.raises(mcore.MegatronJobShimError, match=r"megatron-core \['0.19.2'\]"):
+        mcore.check_megatron()
+
+
 #: A process that arms the harness, then imports what verl's Megatron engine imports.
 _ARMED = """
 import sys, typing, torch

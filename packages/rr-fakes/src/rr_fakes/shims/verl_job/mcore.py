@@ -25,6 +25,10 @@ import sys
 import types
 from typing import Any
 
+import torch
+import wrapt
+from torch.overrides import TorchFunctionMode
+
 #: Set by the harness for a Megatron-engine job (every process of the job inherits it).
 ENV = "RR_VERL_JOB_MEGATRON"
 
@@ -44,8 +48,50 @@ JOB_PLACEHOLDERS = {
 JOB_IMPORTS = ("megatron.bridge.training.config",)
 
 
+#: The megatron-core releases :func:`_cuda_tensor_types` was checked on.
+CHECKED_MEGATRON: tuple[str, ...] = ("0.19.2",)
+#: megatron-core's mixed-precision optimizer sorts its parameters by ``param.type()``
+#: (``megatron/core/optimizer/optimizer.py:1009,1028``: ``'torch.cuda.BFloat16Tensor'`` ...) and
+#: refuses any other (``TypeError: Wrapped parameters must be one of torch.cuda.FloatTensor, ...
+#: Received torch.BFloat16Tensor``); verl's Megatron engine takes bfloat16 only.
+CUDA_TYPED = (("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params.__init__"),)
+
+
 class MegatronJobShimError(RuntimeError):
-    """The job's Megatron harness met a Megatron-Bridge release it was not checked on."""
+    """The job's Megatron harness met a Megatron-Bridge or megatron-core release it was not
+    checked on."""
+
+
+class _CudaTensorTypes(TorchFunctionMode):
+    """``tensor.type()`` of a CPU tensor answers as the same tensor on CUDA would
+    (``torch.cuda.BFloat16Tensor``); every other call is left as it is."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if func is _TENSOR_TYPE and len(args) == 1 and not kwargs and args[0].device.type == "cpu":
+            return result.replace("torch.", "torch.cuda.", 1)
+        return result
+
+
+_TENSOR_TYPE = torch.Tensor.type
+
+
+def _cuda_tensor_types(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    with _CudaTensorTypes():
+        return wrapped(*args, **kwargs)
+
+
+def check_megatron() -> None:
+    """Refuse a megatron-core release :data:`CUDA_TYPED` was not checked on."""
+    release = metadata.version("megatron-core")
+    if release not in CHECKED_MEGATRON:
+        raise MegatronJobShimError(
+            f"rr_fakes.shims.verl_job.mcore was checked on megatron-core {list(CHECKED_MEGATRON)}"
+            f"; installed: {release}. Re-check CUDA_TYPED against its source lines and add the "
+            "release, or drop what it no longer needs"
+        )
 
 
 _STACK = contextlib.ExitStack()
@@ -69,7 +115,10 @@ def _enter() -> None:
     bridge = importlib.util.find_spec("megatron.bridge") is not None
     if bridge:
         check_bridge()
+    check_megatron()
     _STACK.enter_context(megatron_cpu())
+    for module, name in CUDA_TYPED:
+        wrapt.wrap_function_wrapper(module, name, _cuda_tensor_types)
     if not bridge:
         return
     from rr_fakes.megatron.bridge_shims import _placeholders_for, bridge_cpu
