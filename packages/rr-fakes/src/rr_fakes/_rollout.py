@@ -20,7 +20,7 @@ Shapes: T tokens, E experts, K top-k, L layer slots, V vocabulary.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -60,21 +60,14 @@ class _NoisyRecorder(ReplayController):
     def used_in_layer_order(self) -> list[torch.Tensor]:
         return [self.used[id(router)] for router in self._walked]
 
-    def route(
-        self,
-        router: nn.Module,
-        scores_TE: torch.Tensor,
-        k: int,
-        *,
-        values_TE: torch.Tensor | None = None,
-    ) -> TopK:
+    def route(self, router: nn.Module, scores_TE: torch.Tensor, k: int, **kw: Any) -> TopK:
+        """The controller's route; with ``noise`` the noisy scores pick the experts and the
+        clean ones (or the ``values_TE`` given) weigh them."""
         if self.noise:
-            noise_TE = torch.randn(scores_TE.shape, generator=self.generator)
-            selection_TE = scores_TE + self.noise * noise_TE.to(scores_TE)
-            values_TE = scores_TE if values_TE is None else values_TE
-            out = super().route(router, selection_TE, k, values_TE=values_TE)
-        else:
-            out = super().route(router, scores_TE, k, values_TE=values_TE)
+            noise_TE = torch.randn(scores_TE.shape, generator=self.generator).to(scores_TE)
+            kw["values_TE"] = scores_TE if kw.get("values_TE") is None else kw["values_TE"]
+            scores_TE = scores_TE + self.noise * noise_TE
+        out = super().route(router, scores_TE, k, **kw)
         self.used[id(router)] = out.ids_TK.detach()
         return out
 
@@ -95,18 +88,10 @@ class Rollout:
         return self.prompt_ids + self.generated_ids
 
     def vllm_output(self, era: VllmEra | str, *, faults: Faults = NO_FAULTS, **kw: Any) -> Any:
-        """The routes as vLLM of ``era`` returns them (see :func:`vllm_request_output`)."""
-        return vllm_request_output(
-            era,
-            prompt_ids=self.prompt_ids,
-            generated_ids=self.generated_ids,
-            routes_TLK=self.routes_TLK,
-            num_experts=self.num_experts,
-            moe_layer_numbers=self.moe_layer_numbers,
-            cached_prefix=self.cached_prefix,
-            faults=faults,
-            **kw,
-        )
+        """The routes as vLLM of ``era`` returns them (see :func:`vllm_request_output`, which
+        takes each field of the rollout by its name)."""
+        rollout = {f.name: getattr(self, f.name) for f in fields(self)}
+        return vllm_request_output(era, **rollout, faults=faults, **kw)
 
     def sglang_output(self, **kw: Any) -> dict[str, Any]:
         """The routes as SGLang returns them (see :func:`sglang_response`)."""
