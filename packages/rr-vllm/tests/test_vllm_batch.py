@@ -13,8 +13,7 @@ from rr_core import RouteBatch, RouteMeta
 from rr_fakes.engines import Faults, VllmEra
 from rr_vllm import decode_vllm_batch, decode_vllm_output, validate_samples
 from rr_vllm.options import compact_dtype
-from rr_vllm.vllm.decode import _direct
-from rr_vllm.vllm.decode import read_request
+from rr_vllm.vllm.decode import _direct, read_request
 from vllm_testing import distinct_routes, fake_vllm_output, make_meta
 
 K = 2

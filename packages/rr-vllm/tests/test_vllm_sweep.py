@@ -309,8 +309,8 @@ SWEPT_ABOVE = (
 #: Entry points whose invariant on arguments of any kind is "a result or an rr error": each
 #: parameter drawn from rr_fakes.sweeps.ANYTHING, or a valid value of its kind.
 SWEPT_WITH_JUNK = (
-    "DecodedRoutes", "EngineConfig", "ModelGeometry", "R3v1Header", "SglangFlags", "Trajectory", "VerlRoutes",
-    "VllmFlags", "assemble_multi_turn", "assemble_resumed", "check_engine_config",
+    "DecodedRoutes", "EngineConfig", "ModelGeometry", "R3v1Header", "SglangFlags", "Trajectory",
+    "VerlRoutes", "VllmFlags", "assemble_multi_turn", "assemble_resumed", "check_engine_config",
     "check_verl_replayable", "concat_verl_routes", "decode_r3v1", "decode_sglang_openai",
     "decode_sglang_stream", "decode_trtllm_output", "decode_trtllm_routes", "decode_vllm_http",
     "decode_vllm_stream", "explain_store_errors", "flatten_completions", "is_store_eviction",
