@@ -130,10 +130,13 @@ def _select(
     num_groups: int | None,
     group_topk: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-k step of an attached router: values and ids as Megatron's own would return."""
+    """The top-k step of an attached router: values and ids as Megatron's own would return.
+    Rows of a packed batch are routed sample by sample (the order rr records in) and handed
+    back in Megatron's order."""
     call.fired += 1
-    if call.sample_minor is not None:  # rr is armed, and records, in packed order
-        S, mbs = call.sample_minor
+    packed = call.sample_minor  # rr is armed, and records, in packed order
+    if packed is not None:
+        S, mbs = packed
         if scores_TE.shape[0] != S * mbs:
             raise ReplayError(
                 f"layer {_layer(call.router)}: the router routes {scores_TE.shape[0]} rows, but "
@@ -141,21 +144,7 @@ def _select(
                 "(PackedSeqParams.tokens_per_sample); micro-batches of one step must share "
                 "tokens_per_sample and micro-batch size for rr to map their rows"
             )
-        packed_TE = scores_TE.view(S, mbs, -1).transpose(0, 1).reshape(S * mbs, -1)
-        values_TK, ids_TK = _select_rows(call, packed_TE, topk, num_groups, group_topk)
-        return tuple(  # type: ignore[return-value]
-            t.view(mbs, S, -1).transpose(0, 1).reshape(S * mbs, -1) for t in (values_TK, ids_TK)
-        )
-    return _select_rows(call, scores_TE, topk, num_groups, group_topk)
-
-
-def _select_rows(
-    call: _Call,
-    scores_TE: torch.Tensor,
-    topk: int,
-    num_groups: int | None,
-    group_topk: int | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+        scores_TE = scores_TE.view(S, mbs, -1).transpose(0, 1).reshape(S * mbs, -1)
     if group_topk:
         if not num_groups:
             raise ReplayError(
@@ -166,7 +155,11 @@ def _select_rows(
         out = router_topk(call.router, selection_TE, topk, values_TE=scores_TE)
     else:
         out = router_topk(call.router, scores_TE, topk)
-    return out.values_TK, out.ids_TK
+    if packed is None:
+        return out.values_TK, out.ids_TK
+    return tuple(  # type: ignore[return-value]
+        t.view(mbs, S, -1).transpose(0, 1).reshape(S * mbs, -1) for t in (out.values_TK, out.ids_TK)
+    )
 
 
 #: Each router's last row order, left by :func:`unflatten_wrapper` for the router's next
