@@ -311,7 +311,7 @@ def test_decode_into_refuses_a_layout_that_cannot_hold_the_ids() -> None:
     with pytest.raises(CodecError, match=r"30 rows for a batch of 20 rows: pass rows_V"):
         decode_routes_into(encoded, torch.zeros((30, 3, 8), dtype=torch.int16))
     out = torch.zeros((30, 3, 8), dtype=torch.int16)
-    with pytest.raises(CodecError, match=rf"1-D integer tensor of {V} output rows"):
+    with pytest.raises(CodecError, match=rf"tensor of {V} output rows .*shape \({V + 1},\)"):
         decode_routes_into(encoded, out, torch.arange(V + 1))
     with pytest.raises(
         CodecError, match=r"rows_V spans \[\d+, 30\]; the output has rows \[0, 30\)"

@@ -29,7 +29,7 @@ import torch
 
 from rr_core import kernels
 from rr_core.buffers import empty, zeros
-from rr_core.checks import as_index
+from rr_core.checks import as_index, describe
 from rr_core.codecs import sets_numba
 from rr_core.codecs.bitpack import (
     pack_bits,
@@ -330,13 +330,9 @@ def _output_rows(rows_V: torch.Tensor, V: int, X: int, dev: torch.device) -> tor
     ok = isinstance(rows_V, torch.Tensor) and rows_V.shape == (V,)
     ok = ok and not (rows_V.dtype.is_floating_point or rows_V.dtype == torch.bool)
     if not ok:
-        got = (
-            f"{tuple(rows_V.shape)} {rows_V.dtype}"
-            if isinstance(rows_V, torch.Tensor)
-            else type(rows_V).__name__
-        )
         raise CodecError(
-            f"rows_V must be a 1-D integer tensor of {V} output rows (one per valid row); got {got}"
+            f"rows_V must be a 1-D integer tensor of {V} output rows (one per valid row); got "
+            f"{describe(rows_V)}"
         )
     rows = rows_V.to(device=dev, dtype=torch.int64)
     if V:
