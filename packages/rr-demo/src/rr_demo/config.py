@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rr_core import RRError
 
@@ -50,10 +51,8 @@ class Sampling:
     engine: str = "emulated"
     engine_dtype: str = "bfloat16"  # the real engine's dtype (the trainer runs float32)
 
-    @property
-    def backend(self) -> str:
-        """The trainer backend (a name of ``rr_demo.chain.TRAINER_MODULES``)."""
-        raise NotImplementedError
+    #: The trainer backend (a name of ``rr_demo.chain.TRAINER_MODULES``), one per config class.
+    backend: ClassVar[str]
 
     @property
     def engine_family(self) -> str:
@@ -67,6 +66,7 @@ class DemoConfig(Sampling):
     With the real engine the model is the tiny ``checkpoint_family`` checkpoint instead (the
     sizes below are then unused)."""
 
+    backend: ClassVar[str] = "megatron"
     num_layers: int = 6
     num_experts: int = 16
     top_k: int = 4
@@ -80,10 +80,6 @@ class DemoConfig(Sampling):
         return [0] + [1] * (self.num_layers - 1)
 
     @property
-    def backend(self) -> str:
-        return "megatron"
-
-    @property
     def engine_family(self) -> str:
         return self.checkpoint_family
 
@@ -94,12 +90,9 @@ class TransformersDemoConfig(Sampling):
     ``rr_fakes.hf_models.FAMILY_CONFIGS``); its routers score in the family's own units
     (probabilities, sigmoid scores or logits), so the engine noise is larger."""
 
+    backend: ClassVar[str] = "transformers"
     family: str = "qwen3_moe"
     noise: float = 0.02
-
-    @property
-    def backend(self) -> str:
-        return "transformers"
 
     @property
     def engine_family(self) -> str:
