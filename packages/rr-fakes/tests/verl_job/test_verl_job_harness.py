@@ -209,6 +209,19 @@ def test_megatron_optimizer_reads_cpu_parameters_as_their_cuda_types(
         mcore.check_megatron()
 
 
+def test_megatron_engine_builds_chunks_with_packed_sequence_attention() -> None:
+    from rr_fakes.verl import ThdCoreAttention
+
+    layer = torch.nn.Module()
+    layer.core_attention = torch.nn.Identity()
+    layer.core_attention.softmax_scale = 0.5  # what Megatron's local attention holds
+    chunk = torch.nn.Sequential(layer)
+    chunks = mcore._thd_attention(lambda: [chunk], None, (), {})
+    assert chunks == [chunk]
+    assert isinstance(layer.core_attention, ThdCoreAttention)
+    assert [name for name, _ in chunk.named_parameters()] == []  # no names added
+
+
 #: A process that arms the harness, then imports what verl's Megatron engine imports.
 _ARMED = """
 import sys, typing, torch

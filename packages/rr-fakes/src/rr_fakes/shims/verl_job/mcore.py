@@ -83,6 +83,29 @@ def _cuda_tensor_types(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> A
         return wrapped(*args, **kwargs)
 
 
+#: verl's Megatron engine module, and the method that builds its model chunks.
+VERL_MEGATRON_ENGINE = "verl.workers.engine.megatron.transformer_impl"
+BUILD = "MegatronEngine._build_megatron_module"
+
+
+def _thd_attention(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """verl's engine packs each micro-batch's sequences into one row (``use_remove_padding``,
+    its default: ``qkv_format="thd"``); Megatron's local ``DotProductAttention`` refuses packed
+    input (``megatron/core/transformer/dot_product_attention.py:153``), which Transformer
+    Engine's attention reads on a GPU. rr_fakes' THD attention takes its place in each layer
+    of the chunks verl built (it holds no parameters: weight loading and export see the same
+    names)."""
+    from rr_fakes.verl import use_thd_attention
+
+    chunks = wrapped(*args, **kwargs)
+    use_thd_attention(chunks)
+    return chunks
+
+
+def _packed_attention(module: Any) -> None:
+    wrapt.wrap_function_wrapper(module, BUILD, _thd_attention)
+
+
 def check_megatron() -> None:
     """Refuse a megatron-core release :data:`CUDA_TYPED` was not checked on."""
     release = metadata.version("megatron-core")
@@ -166,6 +189,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def arm() -> None:
     """Enter the harness when this process first imports megatron (at once if it already has)."""
+    wrapt.register_post_import_hook(_packed_attention, VERL_MEGATRON_ENGINE)
     if "megatron" in sys.modules:
         _enter()
     elif not any(isinstance(finder, _Finder) for finder in sys.meta_path):
