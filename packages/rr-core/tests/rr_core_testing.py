@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
+from hypothesis import strategies as st
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -23,6 +25,22 @@ def rr_without_torch(*argv: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
     assert "Traceback" not in done.stderr, done.stderr
     return done
+
+
+class RouterCall(NamedTuple):
+    """The sizes of one router call as hypothesis drew them, and the seed of its tensors."""
+
+    t: int  # rows (tokens)
+    e: int  # experts
+    k: int  # top-k, in [1, e]
+    seed: int  # for torch.Generator().manual_seed: a failing example replays with its tensors
+
+
+@st.composite
+def router_calls(draw: st.DrawFn, *, rows: tuple[int, int], experts: tuple[int, int]) -> RouterCall:
+    """Router calls of ``rows`` (min, max) rows over ``experts`` (min, max) experts, any k."""
+    t, e = draw(st.integers(*rows)), draw(st.integers(*experts))
+    return RouterCall(t, e, draw(st.integers(1, e)), draw(st.integers(0, 2**31)))
 
 
 #: TinyModel's default sizes: E experts, K top-k, H hidden.

@@ -28,6 +28,11 @@ from rr_core import (
 from rr_core.replay import tally
 from rr_core.replay.topk import is_topk_set_T, topk_set_and_order_T
 
+from rr_core_testing import RouterCall, router_calls
+
+#: The score dtypes a router hands the top-k step.
+SCORE_DTYPES = st.sampled_from([torch.float32, torch.float64, torch.bfloat16])
+
 
 class ScoreRouter(nn.Module):
     """A router whose scores the test hands it."""
@@ -65,18 +70,18 @@ def replayed_agreement(
 
 
 @settings(max_examples=60, deadline=None)
-@given(t=st.integers(1, 40), e=st.integers(2, 32), data=st.data())
+@given(call=router_calls(rows=(1, 40), experts=(2, 32)), masked=st.booleans())
 def test_the_threshold_test_counts_what_a_second_topk_counts(
-    t: int, e: int, data: st.DataObject
+    call: RouterCall, masked: bool
 ) -> None:
-    k = data.draw(st.integers(1, e))
-    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    t, e, k, seed = call
+    g = torch.Generator().manual_seed(seed)
     scores = torch.softmax(torch.randn(t, e, generator=g) * 3, dim=-1)  # no ties (continuous)
     native = scores.topk(k, dim=-1).indices
     other = torch.rand(t, e, generator=g).topk(k, dim=-1).indices
     keep_T1 = (torch.rand(t, generator=g) < 0.5)[:, None]
     targets = torch.where(keep_T1, native.flip(-1), other)  # order within a set is no matter
-    mask = torch.rand(t, generator=g) < 0.8 if data.draw(st.booleans()) else None
+    mask = torch.rand(t, generator=g) < 0.8 if masked else None
     replayed = torch.ones(t, dtype=torch.bool) if mask is None else mask
     same_T = (targets.sort(-1).values == native.sort(-1).values).all(-1)
     expected = int((same_T & replayed).sum()) / int(replayed.sum()) if replayed.any() else None
@@ -99,18 +104,13 @@ def test_a_tie_at_the_lowest_score_counts_as_agreeing() -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(
-    rows=st.integers(0, 9),
-    experts=st.integers(1, 12),
-    data=st.data(),
-    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
-)
+@given(call=router_calls(rows=(0, 9), experts=(1, 12)), dtype=SCORE_DTYPES, data=st.data())
 def test_every_kernel_family_gives_the_same_tests(
-    rows: int, experts: int, data: st.DataObject, dtype: torch.dtype
+    call: RouterCall, dtype: torch.dtype, data: st.DataObject
 ) -> None:
     """The compiled pass (numba, CPU float scores) and the torch ops agree row for row, ties
     (scores drawn from a few values) and unordered slots included."""
-    k = data.draw(st.integers(1, experts))
+    rows, experts, k, _ = call
     values = st.sampled_from([0.0, 0.25, 0.5, 1.0, -1.0])
     scores = torch.tensor(
         data.draw(
@@ -269,24 +269,24 @@ def test_counts_summed_late_equal_each_calls_own(
 
 @settings(max_examples=60, deadline=None)
 @given(
-    rows=st.integers(0, 24),
-    experts=st.integers(2, 10),
-    data=st.data(),
-    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+    call=router_calls(rows=(0, 24), experts=(2, 10)),
+    dtype=SCORE_DTYPES,
+    by_rows=st.booleans(),
+    masked=st.booleans(),
 )
 def test_host_counts_and_device_tests_report_the_same(
-    rows: int, experts: int, data: st.DataObject, dtype: torch.dtype
+    call: RouterCall, dtype: torch.dtype, by_rows: bool, masked: bool
 ) -> None:
     """The step report is the same whichever way the calls counted: on the host in the
     compiled pass (CPU float scores under numba) or as pending torch tests summed at the end;
     ties, unordered slots, masks, a row index and several calls per router included."""
-    k = data.draw(st.integers(1, experts))
-    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    rows, experts, k, seed = call
+    g = torch.Generator().manual_seed(seed)
     values = torch.tensor([0.0, 0.25, 0.5, 1.0, -1.0], dtype=dtype)  # ties are common
     scores = [values[torch.randint(5, (rows, experts), generator=g)] for _ in range(2)]
     targets = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(rows + 1)])
-    rows_T = torch.randint(rows + 1, (rows,), generator=g) if data.draw(st.booleans()) else None
-    mask = torch.rand(rows, generator=g) < 0.7 if data.draw(st.booleans()) else None
+    rows_T = torch.randint(rows + 1, (rows,), generator=g) if by_rows else None
+    mask = torch.rand(rows, generator=g) < 0.7 if masked else None
     reports = []
     for family in FAMILIES:
         router = ScoreRouter(1)

@@ -26,6 +26,8 @@ from rr_core.records.shards import concat_batches
 from rr_core.replay.controller import replayed_unchecked_ids
 from rr_fakes import distinct_ids
 
+from rr_core_testing import RouterCall, router_calls
+
 ID_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
@@ -58,21 +60,16 @@ def _controller(
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    t=st.integers(1, 40),
-    e=st.integers(2, 32),
-    data=st.data(),
-)
+@given(call=router_calls(rows=(1, 40), experts=(2, 32)), data=st.data())
 def test_a_replaying_call_matches_the_plain_algorithm_bit_for_bit(
-    t: int, e: int, data: st.DataObject
+    call: RouterCall, data: st.DataObject
 ) -> None:
-    k = data.draw(st.integers(1, e))
+    t, e, k, seed = call
     dtype = data.draw(st.sampled_from(ID_DTYPES))
     masking = data.draw(st.sampled_from(["none", "random", "all", "nothing"]))
     biased = data.draw(st.booleans())
     by_rows = data.draw(st.booleans())
     agreement = data.draw(st.sampled_from([False, True, "exact"]))
-    seed = data.draw(st.integers(0, 2**31))
     g = torch.Generator().manual_seed(seed)
     routes_TLK = distinct_ids(t, 2, num_experts=e, top_k=k, seed=seed).to(dtype)
     before = routes_TLK.clone()
@@ -106,10 +103,10 @@ def test_a_replaying_call_matches_the_plain_algorithm_bit_for_bit(
 
 
 @settings(max_examples=40, deadline=None)
-@given(t=st.integers(1, 24), e=st.integers(2, 16), data=st.data())
-def test_replay_topk_matches_the_plain_algorithm(t: int, e: int, data: st.DataObject) -> None:
-    k = data.draw(st.integers(1, e))
-    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+@given(call=router_calls(rows=(1, 24), experts=(2, 16)), data=st.data())
+def test_replay_topk_matches_the_plain_algorithm(call: RouterCall, data: st.DataObject) -> None:
+    t, e, k, seed = call
+    g = torch.Generator().manual_seed(seed)
     scores_TE = torch.softmax(torch.randn(t, e, generator=g, requires_grad=True), dim=-1)
     targets_TK = torch.rand(t, e, generator=g).topk(k, dim=-1).indices
     targets_TK = targets_TK.to(data.draw(st.sampled_from(ID_DTYPES)))
@@ -260,14 +257,14 @@ def test_a_route_batch_arms_as_checked_as_its_ids_were(checked: str) -> None:
 
 @pytest.mark.skipif(not kernels.numba_available(), reason="numba is not installed")
 @settings(max_examples=60, deadline=None)
-@given(t=st.integers(1, 12), e=st.integers(2, 12), data=st.data())
+@given(call=router_calls(rows=(1, 12), experts=(2, 12)))
 def test_the_compiled_pass_ranks_native_rows_as_topk_with_ties_to_the_lower_id(
-    t: int, e: int, data: st.DataObject
+    call: RouterCall,
 ) -> None:
     # scores of few distinct values (ties everywhere), NaN among them: torch.topk's values,
     # NaN first; among equal scores the lower expert id first (torch leaves that order open)
-    k = data.draw(st.integers(1, e))
-    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    t, e, k, seed = call
+    g = torch.Generator().manual_seed(seed)
     scores_TE = torch.randint(0, 3, (t, e), generator=g).float()
     scores_TE[torch.rand(t, e, generator=g) < 0.1] = float("nan")
     mask_T = torch.rand(t, generator=g) < 0.5

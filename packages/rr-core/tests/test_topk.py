@@ -8,23 +8,18 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from rr_core import ReplayError, native_topk, replay_topk
 from rr_core.replay.topk import same_sets_T
 
+from rr_core_testing import RouterCall, router_calls
+
 
 @settings(max_examples=60, deadline=None)
-@given(
-    t=st.integers(1, 32),
-    e=st.integers(2, 64),
-    data=st.data(),
-)
-def test_replay_yields_exactly_the_targets_with_values_from_the_scores(
-    t: int, e: int, data: st.DataObject
-) -> None:
-    k = data.draw(st.integers(1, e))
-    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+@given(call=router_calls(rows=(1, 32), experts=(2, 64)))
+def test_replay_yields_exactly_the_targets_with_values_from_the_scores(call: RouterCall) -> None:
+    t, e, k, seed = call
+    g = torch.Generator().manual_seed(seed)
     logits = torch.randn(t, e, generator=g, requires_grad=True)
     scores = torch.softmax(logits, dim=-1)
     targets = (
