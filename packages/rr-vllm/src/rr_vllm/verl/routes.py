@@ -168,10 +168,10 @@ def pack_batch_for_verl(
     validate: bool = True,
     allow_all_zero: bool = False,
 ) -> VerlRoutes:
-    """An all-layers :class:`~rr_core.RouteBatch` (such as :func:`~rr_vllm.decode_vllm_batch`
+    """An all-layers :class:`~rr_core.RouteBatch` (such as :meth:`~rr_vllm.DecodedRoutes.to_batch`
     returns) and each sample's P as :class:`VerlRoutes`. ``validate=False`` skips rr_core's
-    id checks for a batch that was validated when it was built (``decode_vllm_batch``'s is)."""
-    takes = "pack_batch_for_verl takes a RouteBatch (decode_vllm_batch returns one)"
+    id checks for a batch that was validated when it was built (``to_batch()``'s is)."""
+    takes = "pack_batch_for_verl takes a RouteBatch (DecodedRoutes.to_batch() returns one)"
     check_instance(batch, RouteBatch, EngineOutputError, takes)
     check_all_layers(batch.meta)
     if check_flag(validate, "validate", EngineOutputError):
