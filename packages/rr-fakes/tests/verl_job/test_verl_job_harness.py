@@ -222,6 +222,16 @@ def test_megatron_engine_builds_chunks_with_packed_sequence_attention() -> None:
     assert [name for name, _ in chunk.named_parameters()] == []  # no names added
 
 
+def test_megatron_weights_without_a_distributed_optimizer_stay_where_they_are() -> None:
+    calls: list[object] = []
+    resident = types.SimpleNamespace(buffers=[types.SimpleNamespace(param_data=None)])
+    offloaded = types.SimpleNamespace(buffers=[types.SimpleNamespace(param_data=torch.zeros(1))])
+    assert mcore._resident_weights(calls.append, None, ([resident],), {}) is None
+    assert calls == []
+    mcore._resident_weights(calls.append, None, ([offloaded],), {})
+    assert calls == [[offloaded]]
+
+
 #: A process that arms the harness, then imports what verl's Megatron engine imports.
 _ARMED = """
 import sys, typing, torch

@@ -102,8 +102,24 @@ def _thd_attention(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return chunks
 
 
-def _packed_attention(module: Any) -> None:
+def _resident_weights(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """verl's ``load_megatron_model_to_gpu`` (``verl/utils/megatron_utils.py:827``, called
+    before every weight export, ``transformer_impl.py:1040``) restores each DDP buffer's
+    ``param_data``, which megatron-core allocates for the distributed optimizer only: with
+    ``use_distributed_optimizer=false`` it is None (``'NoneType' object has no attribute
+    'storage'``). Those chunks' weights live in their parameters and were never offloaded
+    (``param_offload=false``): nothing to load."""
+    chunks = args[0] if args else kwargs["models"]
+    for chunk in chunks:
+        buffers = getattr(chunk, "buffers", None)
+        if isinstance(buffers, list) and any(b.param_data is None for b in buffers):
+            return None
+    return wrapped(*args, **kwargs)
+
+
+def _verl_engine(module: Any) -> None:
     wrapt.wrap_function_wrapper(module, BUILD, _thd_attention)
+    wrapt.wrap_function_wrapper(module, "load_megatron_model_to_gpu", _resident_weights)
 
 
 def check_megatron() -> None:
@@ -189,7 +205,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def arm() -> None:
     """Enter the harness when this process first imports megatron (at once if it already has)."""
-    wrapt.register_post_import_hook(_packed_attention, VERL_MEGATRON_ENGINE)
+    wrapt.register_post_import_hook(_verl_engine, VERL_MEGATRON_ENGINE)
     if "megatron" in sys.modules:
         _enter()
     elif not any(isinstance(finder, _Finder) for finder in sys.meta_path):
