@@ -3,6 +3,8 @@ for every router variant, with Megatron's activation recompute in backward."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -35,10 +37,15 @@ def _line() -> Version:
 LINE = _line()
 
 
-def controller_for(model: Any, **kw: Any) -> ReplayController:
+@contextmanager
+def attached(model: Any, **kw: Any) -> Iterator[ReplayController]:
+    """A controller of E experts, top-K, attached to ``model`` for the block, detached after."""
     controller = ReplayController(num_experts=E, top_k=K)
     rmc.attach(controller, model, **kw)
-    return controller
+    try:
+        yield controller
+    finally:
+        controller.detach()
 
 
 def record(model: Any, controller: ReplayController, batches: list[Any]) -> list[torch.Tensor]:
@@ -92,8 +99,7 @@ def test_record_then_replay_reproduces_routing_maps_with_recompute(
     batches = inputs(2)
     with capture_maps(model) as native_maps:
         native_losses = step(model, batches)
-    controller = controller_for(model)
-    try:
+    with attached(model) as controller:
         with capture_maps(model) as recorded_maps:
             recorded_losses = step_record = None
             controller.set_mode(ReplayMode.RECORD)
@@ -122,8 +128,6 @@ def test_record_then_replay_reproduces_routing_maps_with_recompute(
             grad = router.weight.grad if grad is None else grad
             assert grad is not None
             assert bool(grad.abs().sum() > 0)
-    finally:
-        controller.detach()
 
 
 @pytest.mark.parametrize("variant", ["softmax", "sigmoid-expert-bias", "group-limited"])
@@ -132,8 +136,7 @@ def test_replaying_perturbed_targets_yields_exactly_those_targets(
 ) -> None:
     model = build(recompute=True, **VARIANTS[variant])
     batches = inputs(2)
-    controller = controller_for(model)
-    try:
+    with attached(model) as controller:
         layers = controller.layer_numbers
         targets = [random_targets(16, len(layers), seed=mb) for mb in range(2)]
         if variant == "group-limited":  # targets outside the chosen groups are allowed too
@@ -145,8 +148,6 @@ def test_replaying_perturbed_targets_yields_exactly_those_targets(
             step(model, batches, controller)
         controller.end_step()
         assert_maps(maps, targets, layers)
-    finally:
-        controller.detach()
 
 
 def test_A1_model_built_twice_replays_on_the_live_model_and_orphans_stay_untouched(
@@ -161,8 +162,7 @@ def test_A1_model_built_twice_replays_on_the_live_model_and_orphans_stay_untouch
         instances = RouterReplay.global_router_replay_instances
         ours = [r.router_replay for r in orphan_routers]
         assert [i for i in instances if any(i is o for o in ours)]  # orphans are in the list
-    controller = controller_for(live)
-    try:
+    with attached(live) as controller:
         assert all(controller_of(r) is None for r in orphan_routers)
         targets = [random_targets(16, 4)]
         controller.set_mode(ReplayMode.REPLAY)
@@ -177,14 +177,11 @@ def test_A1_model_built_twice_replays_on_the_live_model_and_orphans_stay_untouch
                 assert replay.router_replay_action is None
                 assert replay.target_topk_idx is None
                 assert replay.recorded_topk_idx is None
-    finally:
-        controller.detach()
 
 
 def test_A2_dense_first_layers_replay_from_an_all_layers_axis(megatron: None) -> None:
     model = build(moe_layer_freq=[0, 1, 1, 1])
-    controller = controller_for(model)
-    try:
+    with attached(model) as controller:
         assert controller.layer_numbers == (2, 3, 4)
         all_layers = random_targets(16, 4)
         all_layers[:, 0] = 0  # dense layer: no route (engines return zeros there)
@@ -194,16 +191,13 @@ def test_A2_dense_first_layers_replay_from_an_all_layers_axis(megatron: None) ->
             step(model, inputs(1), controller)
         controller.end_step()
         assert_maps(maps, [all_layers[:, 1:]], (2, 3, 4))
-    finally:
-        controller.detach()
 
 
 def test_A4_mtp_routers_are_never_armed(megatron: None) -> None:
     model = build(mtp_num_layers=1)
     mtp = [m for n, m in model.named_modules() if n.startswith("mtp") and n.endswith("router")]
     assert len(mtp) == 1
-    controller = controller_for(model)
-    try:
+    with attached(model) as controller:
         assert controller.layer_numbers == (1, 2, 3, 4)
         assert controller_of(mtp[0]) is None
         targets = [random_targets(16, 4)]
@@ -215,22 +209,17 @@ def test_A4_mtp_routers_are_never_armed(megatron: None) -> None:
         assert_maps(maps, targets, (1, 2, 3, 4))
         replay = getattr(mtp[0], "router_replay", None)
         assert replay is None or replay.router_replay_action is None
-    finally:
-        controller.detach()
 
 
 def test_A6_a_model_without_moe_layers_attaches_and_takes_part(megatron: None) -> None:
     """A stage with zero MoE layers (here: a dense model) attaches, arms and ends the step."""
     model = build(moe_layer_freq=[0, 0, 0, 0])
-    controller = controller_for(model)
-    try:
+    with attached(model) as controller:
         assert controller.layer_numbers == ()
         controller.set_mode(ReplayMode.REPLAY) if controller.layer_numbers else None
         controller.arm(0, random_targets(16, 4), layer_numbers=(1, 2, 3, 4))
         step(model, inputs(1), controller)
         controller.end_step()
-    finally:
-        controller.detach()
 
 
 def test_A6_walk_is_in_layer_order_whatever_the_chunk_order(megatron: None) -> None:
@@ -246,8 +235,7 @@ def test_A6_walk_is_in_layer_order_whatever_the_chunk_order(megatron: None) -> N
 def test_B1_targets_are_keyed_by_microbatch_through_backward_recompute(megatron: None) -> None:
     """Two micro-batches with different targets; recompute of each uses its own."""
     model = build(recompute=True)
-    controller = controller_for(model)
-    try:
+    with attached(model) as controller:
         targets = [random_targets(16, 4, seed=mb + 10) for mb in range(3)]
         controller.set_mode(ReplayMode.REPLAY)
         for mb, routes in enumerate(targets):
@@ -276,14 +264,11 @@ def test_B1_targets_are_keyed_by_microbatch_through_backward_recompute(megatron:
         assert [
             torch.equal(r, map_of(targets[i // 4][:, 3 - i % 4])) for i, r in enumerate(recomputed)
         ] == [True] * 12
-    finally:
-        controller.detach()
 
 
 def test_B2_forward_only_pass_leaves_nothing_for_the_next_backward(megatron: None) -> None:
     model = build(recompute=True)
-    controller = controller_for(model)
-    try:
+    with attached(model) as controller:
         old = random_targets(16, 4, seed=1)
         new = random_targets(16, 4, seed=2)
         controller.set_mode(ReplayMode.REPLAY)
@@ -296,27 +281,21 @@ def test_B2_forward_only_pass_leaves_nothing_for_the_next_backward(megatron: Non
             step(model, inputs(1), controller)
         controller.end_step()
         assert_maps(maps, [new], controller.layer_numbers)
-    finally:
-        controller.detach()
 
 
 def test_B3_replay_without_targets_raises_naming_the_layer(megatron: None) -> None:
     model = build()
-    controller = controller_for(model)
-    try:
+    with attached(model) as controller:
         controller.set_mode(ReplayMode.REPLAY)
         with pytest.raises(ReplayError, match="layer 1 fired in REPLAY"):
             step(model, inputs(1), controller)
-    finally:
-        controller.detach()
 
 
 def test_B4_gradient_reaches_replayed_experts_the_native_router_would_not_pick(
     megatron: None,
 ) -> None:
     model = build()
-    controller = controller_for(model)
-    try:
+    with attached(model) as controller:
         controller.set_mode(ReplayMode.RECORD)
         step(model, inputs(1), controller, forward_only=True)
         native = controller.recorded(0)
@@ -343,24 +322,19 @@ def test_B4_gradient_reaches_replayed_experts_the_native_router_would_not_pick(
             grad = router.weight.grad if grad is None else grad
             if unused[slot]:
                 assert bool(grad[unused[slot][0]].abs().sum() > 0), slot
-    finally:
-        controller.detach()
 
 
 def test_B5_C5_detached_and_unattached_models_route_natively(megatron: None) -> None:
     policy, reference = build(), build()
     with capture_maps(reference) as before:
         step(reference, inputs(1))
-    controller = controller_for(policy)
-    try:
+    with attached(policy) as controller:
         controller.set_mode(ReplayMode.REPLAY)
         controller.arm(0, random_targets(16, 4), layer_numbers=controller.layer_numbers)
         step(policy, inputs(1), controller)
         with capture_maps(reference) as during:  # reference model: never armed (C5)
             step(reference, inputs(1))
         controller.end_step()
-    finally:
-        controller.detach()
     with capture_maps(policy) as after:  # detached: native again, nothing left over (B5)
         step(policy, inputs(1))
     for layer in before:
