@@ -63,11 +63,12 @@ class _NoisyRecorder(ReplayController):
     def route(self, router: nn.Module, scores_TE: torch.Tensor, k: int, **kw: Any) -> TopK:
         """The controller's route; with ``noise`` the noisy scores pick the experts and the
         clean ones (or the ``values_TE`` given) weigh them."""
+        values_TE = kw.pop("values_TE", None)
         if self.noise:
             noise_TE = torch.randn(scores_TE.shape, generator=self.generator).to(scores_TE)
-            kw["values_TE"] = scores_TE if kw.get("values_TE") is None else kw["values_TE"]
+            values_TE = scores_TE if values_TE is None else values_TE
             scores_TE = scores_TE + self.noise * noise_TE
-        out = super().route(router, scores_TE, k, **kw)
+        out = super().route(router, scores_TE, k, values_TE=values_TE, **kw)
         self.used[id(router)] = out.ids_TK.detach()
         return out
 
