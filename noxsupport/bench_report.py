@@ -97,12 +97,13 @@ def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:
             "codec_speed_vs_memcpy": f"{codecs['tokens']} tokens of that shape vs a copy",
             "vllm_assembly_vs_memcpy": (
                 f"{vllm_run['samples']} samples x {vllm_run['tokens_per_sample']} tokens, "
-                "48 layers, top-8, uint8: decode_vllm_batch (decode, validate, batch) vs a copy"
+                "48 layers, top-8, uint8: decode_vllm_output(...).to_batch() "
+                "(decode, validate, batch) vs a copy"
             ),
             "vllm_datapath_vs_memcpy": (
-                "256 x 4096 tokens, 48 layers, top-8, uint8: decode_vllm_batch(validate=False) "
-                "(decode, structural checks, batch) vs a one-thread copy, a rollout loop's "
-                "steady state (the batch reuses the dropped one's memory)"
+                "256 x 4096 tokens, 48 layers, top-8, uint8: decode_vllm_output(...).to_batch(), "
+                "validate=False (decode, structural checks, batch) vs a one-thread copy, a "
+                "rollout loop's steady state (the batch reuses the dropped one's memory)"
             ),
             "vllm_datapath_fresh_buffer_vs_memcpy": (
                 "the same into freshly mapped memory (a loop's first step)"

@@ -69,12 +69,14 @@ def test_the_megatron_step_replays_the_rollout_in_forward_and_recompute() -> Non
     from rr_demo.engine_emulated import emulated_rollout
     from rr_demo.report import mismatch_per_layer
     from rr_demo.trainer_megatron import open_trainer
-    from rr_vllm import decode_vllm_batch
+    from rr_vllm import DecodeOptions, decode_vllm_output
 
     cfg = DemoConfig(batch=2, new_tokens=4, noise=0.05)
     with open_trainer(cfg, lambda stage: None) as trainer:
         out = emulated_rollout(trainer, cfg)
-        batch = decode_vllm_batch(out.request_outputs, out.meta, prompt_start=out.prompt_starts)
+        options = DecodeOptions(meta=out.meta)
+        decoded = decode_vllm_output(out.request_outputs, options, prompt_starts=out.prompt_starts)
+        batch = decoded.to_batch()
         padded = padded_batch(out, batch)
         native, _ = trainer.trainer_forward(padded, replay=False)
         with route_log(trainer.model) as log:

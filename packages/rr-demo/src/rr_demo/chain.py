@@ -5,7 +5,8 @@ the engine returned, store them, replay them in the trainer, report what changed
    ``emulated``: rr_fakes' stand-in, :mod:`rr_demo.engine_emulated`) samples continuations
    with routed-experts capture on and returns vLLM ``RequestOutput`` objects
    (:class:`EngineOutput`).
-2. **Decode.** ``rr_vllm.decode_vllm_batch`` turns them into one validated ``RouteBatch``.
+2. **Decode.** ``rr_vllm.decode_vllm_output(...).to_batch()`` turns them into one validated
+   ``RouteBatch``.
 3. **Store.** Each of ``rr_core``'s codecs encodes it; a record file is written and re-read.
 4. **Replay.** The trainer (``megatron``: :mod:`rr_demo.trainer_megatron`; ``transformers``:
    :mod:`rr_demo.trainer_transformers`) runs the batch without and with R3 replay, then one
@@ -199,7 +200,7 @@ def run_demo(
     """Every stage of the demo (``DemoConfig()`` unless given); ``progress`` is called with
     each stage's name as it starts. A :class:`TransformersDemoConfig` runs it on a
     transformers model (no megatron imported)."""
-    from rr_vllm import decode_vllm_batch
+    from rr_vllm import DecodeOptions, decode_vllm_output
 
     cfg = DemoConfig() if cfg is None else cfg
     start = time.perf_counter()
@@ -207,7 +208,9 @@ def run_demo(
     open_trainer = functools.partial(trainer_backend(cfg.backend).open_trainer, cfg, progress)
     with engine_backend(choice.engine).roll_out(cfg, progress, open_trainer) as (trainer, out):
         progress("decode and validate the routes as the engine returned them (rr_vllm)")
-        batch = decode_vllm_batch(out.request_outputs, out.meta, prompt_start=out.prompt_starts)
+        options = DecodeOptions(meta=out.meta)
+        decoded = decode_vllm_output(out.request_outputs, options, prompt_starts=out.prompt_starts)
+        batch = decoded.to_batch()
         progress("encode with each codec, write and re-read a record file")
         sizes: dict[str, float] = {c: bytes_per_token(batch, c) for c in CODECS}
         file_bytes = _round_trip(batch)
