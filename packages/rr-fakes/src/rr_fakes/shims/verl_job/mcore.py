@@ -53,8 +53,13 @@ CHECKED_MEGATRON: tuple[str, ...] = ("0.19.2",)
 #: megatron-core's mixed-precision optimizer sorts its parameters by ``param.type()``
 #: (``megatron/core/optimizer/optimizer.py:1009,1028``: ``'torch.cuda.BFloat16Tensor'`` ...) and
 #: refuses any other (``TypeError: Wrapped parameters must be one of torch.cuda.FloatTensor, ...
-#: Received torch.BFloat16Tensor``); verl's Megatron engine takes bfloat16 only.
-CUDA_TYPED = (("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params.__init__"),)
+#: Received torch.BFloat16Tensor``); verl's Megatron engine takes bfloat16 only. Its gradient
+#: clipping asserts the same of each main gradient (``clip_grads.py:174``, called by name from
+#: ``optimizer.py:410,420``).
+CUDA_TYPED = (
+    ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params.__init__"),
+    ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
+)
 
 
 class MegatronJobShimError(RuntimeError):
