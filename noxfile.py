@@ -538,6 +538,7 @@ VERL_TESTS = [
     PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl.py",
     PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl_rollout.py",  # verl's agent loop under rr
     PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl_arrival.py",  # routes expanded in workers
+    PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl_install.py",  # into verl's Ray processes
     PACKAGES / "rr-transformers" / "tests" / "verl",  # verl's FSDP engine over transformers
     ROOT / "tests" / "test_adapter_protocol.py",  # every framework at once: verl's venv has them
 ]
