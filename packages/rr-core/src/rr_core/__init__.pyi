@@ -100,10 +100,14 @@ from .routes.axis import (
 from .routes.batch import (
     PaddingSide as PaddingSide,
     RouteBatch as RouteBatch,
-    RouteMeta as RouteMeta,
+)
+from .routes.id_dtypes import (
     holds_ids as holds_ids,
     narrow_ids as narrow_ids,
     narrowest_dtype as narrowest_dtype,
+)
+from .routes.meta import (
+    RouteMeta as RouteMeta,
 )
 
 __version__: str

@@ -56,7 +56,9 @@ from rr_core.codecs.sets import rank_sets, set_width, single_rank, unrank_sets, 
 from rr_core.codecs.sets_fast import fast_shape, rank_fast, unrank_fast, unrank_from
 from rr_core.codecs.stream_words import little_endian
 from rr_core.errors import CodecError
-from rr_core.routes.batch import RouteBatch, RouteMeta, holds_ids, narrowest_dtype
+from rr_core.routes.batch import RouteBatch
+from rr_core.routes.id_dtypes import holds_ids, narrowest_dtype
+from rr_core.routes.meta import RouteMeta
 
 CodecName = Literal["raw", "packed", "set"]
 CODECS: tuple[CodecName, ...] = ("raw", "packed", "set")

@@ -22,7 +22,7 @@ import torch
 from rr_core.codecs.encoding import CODECS, field_bits, payload_bytes
 from rr_core.errors import RecordFileError, RRError
 from rr_core.records.provenance import read_provenance
-from rr_core.routes.batch import RouteMeta
+from rr_core.routes.meta import RouteMeta
 
 FORMAT = "rr-routes"
 FORMAT_VERSION = "2"

@@ -38,7 +38,8 @@ from rr_core.records.check import (
     check_tensors,
 )
 from rr_core.records.provenance import provenance_json
-from rr_core.routes.batch import RouteBatch, RouteMeta
+from rr_core.routes.batch import RouteBatch
+from rr_core.routes.meta import RouteMeta
 
 SampleId = int | str
 PathLike = str | os.PathLike[str]

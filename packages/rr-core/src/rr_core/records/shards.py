@@ -32,7 +32,9 @@ from rr_core.records.file import (
     read_record,
     save_routes,
 )
-from rr_core.routes.batch import RouteBatch, cat_rows, narrowest_dtype
+from rr_core.routes.batch import RouteBatch
+from rr_core.routes.id_dtypes import narrowest_dtype
+from rr_core.routes.jagged import cat_rows
 
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "rr-routes-index"

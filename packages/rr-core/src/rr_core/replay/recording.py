@@ -12,7 +12,7 @@ import torch
 from rr_core.errors import ReplayError
 from rr_core.replay.checks import ID_DTYPES
 from rr_core.replay.topk import TopK, native_ids, replay_checked, replay_topk
-from rr_core.routes.batch import holds_ids
+from rr_core.routes.id_dtypes import holds_ids
 
 
 class Records:

@@ -3,157 +3,44 @@
 Shape legend: N total token rows, B sequences, S padded length, T rows of one sequence, L slots on
 the layer axis, K top-k. Row t of a sequence holds the ids chosen when token t was the input; a row
 with no recorded route is marked invalid in ``valid_N`` rather than filled with a sentinel id.
+
+What a batch describes is its :class:`~rr_core.routes.meta.RouteMeta`; the id dtypes are chosen in
+:mod:`rr_core.routes.id_dtypes`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal, get_args
 
-import numpy as np
 import torch
 
 from rr_core.checks import as_index, check_choice
 from rr_core.errors import LayoutError, RouteValidationError
 from rr_core.routes.axis import LayerAxis, check_layer_axis
-from rr_core.routes.validate import (
-    ArrayLike,
-    as_bool,
-    as_int_tensor,
-    as_tensor,
-    check_meta,
-    check_padded,
-    check_structure,
-)
+from rr_core.routes.id_dtypes import holds_ids, narrow_ids, narrowest_dtype
+from rr_core.routes.jagged import cat_rows, jagged_parts, offsets_tensor, same_offsets
+from rr_core.routes.meta import RouteMeta
+from rr_core.routes.validate import ArrayLike, as_bool, as_int_tensor, check_padded, check_structure
 from rr_core.routes.validate_ids import check_ids
+
+# RouteMeta, cat_rows and the id dtypes live in routes.meta, routes.jagged and routes.id_dtypes;
+# they stay importable from here, where they were first defined.
+__all__ = [
+    "PADDING_SIDES",
+    "PaddingSide",
+    "RouteBatch",
+    "RouteMeta",
+    "SequenceIndexError",
+    "cat_rows",
+    "holds_ids",
+    "narrow_ids",
+    "narrowest_dtype",
+]
 
 PaddingSide = Literal["left", "right"]
 PADDING_SIDES: tuple[str, ...] = get_args(PaddingSide)
-
-
-def cat_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat(parts)``; on the CPU through numpy, which concatenates byte ids about ten
-    times faster than torch 2.13 does."""
-    if all(p.device.type == "cpu" and not p.requires_grad for p in parts):
-        return torch.from_numpy(np.concatenate([p.numpy() for p in parts]))
-    return torch.cat(list(parts))
-
-
-@dataclass(frozen=True, kw_only=True)
-class RouteMeta:
-    """What a route tensor describes: expert count, top-k and which decoder layer each slot is.
-
-    ``moe_layer_numbers`` lists the slots that carry routes; ``None`` means every slot. It is stored
-    as ``None`` whenever it names every slot, so that equal layouts compare equal.
-    """
-
-    num_experts: int
-    top_k: int
-    layer_axis: LayerAxis
-    layer_numbers: tuple[int, ...]
-    moe_layer_numbers: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        axis = check_layer_axis(self.layer_axis, "RouteMeta.layer_axis")
-        object.__setattr__(self, "layer_axis", axis)  # a plain str, also for a str subclass
-        layers, moe = check_meta(self)
-        object.__setattr__(self, "layer_numbers", layers)
-        object.__setattr__(self, "moe_layer_numbers", moe)
-
-    @property
-    def routed_layer_numbers(self) -> tuple[int, ...]:
-        """Global layer numbers of the slots that carry routes."""
-        return self.layer_numbers if self.moe_layer_numbers is None else self.moe_layer_numbers
-
-    def slot_of(self, layer: int) -> int:
-        """The slot (position on the layer axis) of global layer ``layer``; :class:`LayoutError`
-        naming the axis's layers when it has none. On an all-layers axis of every decoder
-        layer that is ``layer - 1``; on a MoE-layers or a stage's axis it is not."""
-        number = as_index(layer, "layer", LayoutError)
-        try:
-            return self.layer_numbers.index(number)
-        except ValueError:
-            raise LayoutError(
-                f"layer {number} is not on this {self.layer_axis} axis, whose layers are "
-                f"{_span(self.layer_numbers)}"
-            ) from None
-
-    @property
-    def moe_slots(self) -> tuple[int, ...]:
-        """Slot indices (positions on the layer axis) that carry routes."""
-        routed = set(self.routed_layer_numbers)
-        return tuple(i for i, n in enumerate(self.layer_numbers) if n in routed)
-
-    @property
-    def dense_slots(self) -> tuple[int, ...]:
-        """Slot indices of dense layers; they hold zeros."""
-        routed = set(self.routed_layer_numbers)
-        return tuple(i for i, n in enumerate(self.layer_numbers) if n not in routed)
-
-
-def _span(numbers: Sequence[int]) -> str:
-    if len(numbers) > 8:
-        return f"[{', '.join(map(str, numbers[:4]))}, ..., {numbers[-1]}] ({len(numbers)} layers)"
-    return str(list(numbers))
-
-
-def holds_ids(dtype: torch.dtype, num_experts: int) -> bool:
-    """Whether an integer ``dtype`` holds every id in ``[0, num_experts)`` exactly (uint8 holds
-    256 experts' ids, int16 32768); False for float and bool dtypes, which hold no ids."""
-    if not isinstance(dtype, torch.dtype):
-        raise RouteValidationError(f"dtype must be a torch.dtype; got {dtype!r}")
-    num_experts = as_index(num_experts, "num_experts", RouteValidationError)
-    if dtype.is_floating_point or dtype.is_complex or dtype is torch.bool:
-        return False
-    return int(torch.iinfo(dtype).max) >= num_experts - 1
-
-
-def narrowest_dtype(num_experts: int) -> torch.dtype:
-    """The smallest integer dtype that holds every id in ``[0, num_experts)`` exactly."""
-    num_experts = as_index(num_experts, "num_experts", RouteValidationError)
-    if num_experts < 1:
-        raise RouteValidationError(f"num_experts must be >= 1; got {num_experts}")
-    if num_experts > 2**31:
-        raise RouteValidationError(
-            f"num_experts must be <= {2**31} (int32 ids, the widest rr stores); got {num_experts}"
-        )
-    if num_experts <= 256:
-        return torch.uint8
-    return torch.int16 if num_experts <= 32768 else torch.int32
-
-
-def narrow_ids(ids: ArrayLike, num_experts: int) -> torch.Tensor:
-    """Cast expert ids to :func:`narrowest_dtype`, refusing any value the cast would wrap (E4).
-
-    A source dtype too small for ``num_experts`` (uint8 ids of a 384-expert model) is refused too:
-    such ids were already wrapped by whoever stored them. Read-only numpy arrays are copied.
-    """
-    t = as_tensor(ids, "expert ids")
-    source = t.dtype
-    t = as_int_tensor(t, "expert ids")
-    target = narrowest_dtype(num_experts)
-    if not holds_ids(source, num_experts):
-        raise RouteValidationError(
-            f"expert ids arrive as {source}, which holds at most {torch.iinfo(source).max}, but "
-            f"num_experts={num_experts} needs ids up to {num_experts - 1}: they were probably "
-            f"wrapped when stored (E4 uint8 overflow); store them as {target} or wider; see "
-            "`rr explain E4`"
-        )
-    if t.dtype == target:
-        return t
-    if t.numel():
-        lo, hi = (int(v) for v in torch.aminmax(t))
-        info = torch.iinfo(target)
-        if lo < info.min or hi > info.max:
-            raise RouteValidationError(
-                f"expert ids do not fit {target} (range [{info.min}, {info.max}], the narrowest "
-                f"dtype for num_experts={num_experts}): source {source} has min {lo}, max {hi}; "
-                "zero invalid rows instead of using sentinels, or fix num_experts (E4); see "
-                "`rr explain E4`"
-            )
-    return t.to(target)
 
 
 class SequenceIndexError(RouteValidationError, IndexError):
@@ -190,7 +77,7 @@ class RouteBatch:
         if isinstance(offsets_B1, torch.Tensor):
             offsets = as_int_tensor(offsets_B1, "offsets_B1").to(dev, torch.int64)
         else:
-            offsets = _offsets_tensor(offsets_B1, dev)
+            offsets = offsets_tensor(offsets_B1, dev)
         n = values.shape[0] if values.dim() else 0
         valid = torch.ones(n, dtype=torch.bool) if valid_N is None else as_bool(valid_N, "valid_N")
         self.values_NLK, self.offsets_B1, self.valid_N = values, offsets, valid.to(dev)
@@ -308,9 +195,9 @@ class RouteBatch:
         jagged tensors are read as a whole; any other nested layout is unbound per sequence."""
         if not values_nt.is_nested or (valid_nt is not None and not valid_nt.is_nested):
             raise RouteValidationError("from_nested expects nested tensors; use from_padded")
-        parts = _jagged_parts(values_nt)
-        vparts = None if valid_nt is None else _jagged_parts(valid_nt)
-        if parts is None or (valid_nt is not None and not _same_offsets(parts, vparts)):
+        parts = jagged_parts(values_nt)
+        vparts = None if valid_nt is None else jagged_parts(valid_nt)
+        if parts is None or (valid_nt is not None and not same_offsets(parts, vparts)):
             masks = None if valid_nt is None else list(valid_nt.unbind())
             return cls.from_sequences(
                 list(values_nt.unbind()),
@@ -470,28 +357,3 @@ class RouteBatch:
         dst = torch.tensor([n - 1 for n in m.routed_layer_numbers], device=dev)
         values[:, dst] = self.values_NLK.index_select(1, torch.tensor(m.moe_slots, device=dev))
         return RouteBatch._trusted(values, self.offsets_B1, self.valid_N, meta, self.ids_validated)
-
-
-def _offsets_tensor(offsets: object, device: torch.device) -> torch.Tensor:
-    if isinstance(offsets, (str, bytes)) or not isinstance(offsets, Sequence | np.ndarray):
-        raise RouteValidationError(
-            "offsets_B1 must be an int64 tensor or a sequence of ints; got "
-            f"{type(offsets).__name__}"
-        )
-    values = [as_index(v, "each offset", RouteValidationError) for v in offsets]
-    return torch.tensor(values, dtype=torch.int64, device=device)
-
-
-def _jagged_parts(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(values, offsets from 0)`` of a contiguous jagged nested tensor, else None."""
-    if nt.layout != torch.jagged or nt.lengths() is not None:  # type: ignore[attr-defined]
-        return None
-    offsets: torch.Tensor = nt.offsets()  # type: ignore[attr-defined]
-    start, end = (int(v) for v in offsets[[0, -1]])
-    return nt.values()[start:end], offsets - start
-
-
-def _same_offsets(
-    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor] | None
-) -> bool:
-    return b is not None and a[1].shape == b[1].shape and torch.equal(a[1], b[1].to(a[1].device))

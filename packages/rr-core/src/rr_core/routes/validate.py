@@ -18,7 +18,7 @@ from rr_core.errors import LayoutError, RouteValidationError
 from rr_core.routes.axis import check_layer_axis
 
 if TYPE_CHECKING:
-    from rr_core.routes.batch import RouteMeta
+    from rr_core.routes.meta import RouteMeta
 
 ArrayLike = torch.Tensor | npt.NDArray[Any]
 

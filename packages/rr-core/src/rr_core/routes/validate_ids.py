@@ -21,7 +21,7 @@ from rr_core.errors import RouteValidationError
 from rr_core.routes.idcheck import row_flags
 
 if TYPE_CHECKING:
-    from rr_core.routes.batch import RouteMeta
+    from rr_core.routes.meta import RouteMeta
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.intp]
