@@ -23,6 +23,7 @@ JOBS = {
         job.JobSpec(engine="fsdp2", rr=False),
         job.JobSpec(engine="fsdp2", rr=True),
         job.JobSpec(engine="megatron", rr=False),
+        job.JobSpec(engine="megatron", rr=True),
     )
 }
 DEFAULT_JOBS = "fsdp2-verl,fsdp2-rr"
