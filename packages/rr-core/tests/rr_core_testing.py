@@ -1,4 +1,5 @@
-"""Tiny MoE modules for rr-core's tests: real autograd, routers that call the replay hook."""
+"""Tiny MoE modules for rr-core's tests: real autograd, routers that call the replay hook; and the
+small route batches the route tests share."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rr_core import router_topk
+from rr_core import RouteMeta, router_topk
 
 
 def rr_without_torch(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -159,3 +160,29 @@ class TinyModel(nn.Module):
     def routed_ids(self) -> torch.Tensor:
         """``[T, L_moe, K]``: the ids each MoE layer used in the last forward."""
         return torch.stack([layer.last_ids_TK for layer in self.moe_layers()], dim=1)
+
+
+# --- route batches (test_routes_*) ------------------------------------------------------------
+
+#: Expert counts around each id dtype's bounds (uint8 holds 256 experts' ids, int16 32768).
+EXPERT_COUNTS = (2, 8, 60, 64, 128, 160, 256, 257, 384, 512)
+
+
+def route_meta(
+    E: int = 8,
+    K: int = 2,
+    layers: tuple[int, ...] = (1, 2, 3),
+    moe: tuple[int, ...] | None = (2, 3),
+) -> RouteMeta:
+    """An all_layers meta: E experts, top-K, decoder layers ``layers`` of which ``moe`` route."""
+    return RouteMeta(
+        num_experts=E, top_k=K, layer_axis="all_layers", layer_numbers=layers, moe_layer_numbers=moe
+    )
+
+
+def good_route_rows(N: int = 5) -> torch.Tensor:
+    """Rows of a 3-layer all_layers batch (layer 1 dense), K=2, every row distinct ids."""
+    v = torch.zeros(N, 3, 2, dtype=torch.int64)
+    v[:, 1:, 0] = 1
+    v[:, 1:, 1] = (torch.arange(N) % 6 + 2)[:, None]
+    return v
