@@ -8,12 +8,15 @@ import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rr_core import RouteMeta, router_topk
+from rr_core import RouteBatch, RouteMeta, router_topk
 
 
 def rr_without_torch(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -186,3 +189,69 @@ def good_route_rows(N: int = 5) -> torch.Tensor:
     v[:, 1:, 0] = 1
     v[:, 1:, 1] = (torch.arange(N) % 6 + 2)[:, None]
     return v
+
+
+# --- generated input for the property sweeps (test_core_sweep_*) ------------------------------
+
+#: The settings of every sweep: 40 examples each, no deadline.
+SWEEP = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+#: Values of the wrong kind for any argument.
+JUNK = st.sampled_from(
+    [None, -1, 0, 1.5, "x", b"x", [], [1, "a"], (), {}, object(), float("nan"), True, 2**70]
+)
+INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+ANY_DTYPES = [*INT_DTYPES, torch.float32, torch.float16, torch.bool]
+
+
+@st.composite
+def tensors(draw: st.DrawFn, *, max_dims: int = 4, high: int = 300) -> torch.Tensor:
+    dtype = draw(st.sampled_from(ANY_DTYPES))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=4))
+    if dtype.is_floating_point:
+        values = draw(hnp.arrays(np.float32, shape, elements=st.floats(-2, high, width=32)))
+        return torch.from_numpy(values).to(dtype)
+    if dtype is torch.bool:
+        return torch.from_numpy(draw(hnp.arrays(np.bool_, shape)))
+    info = torch.iinfo(dtype)
+    lo, hi = max(info.min, -3), min(info.max, high)
+    values = draw(hnp.arrays(np.int64, shape, elements=st.integers(lo, hi)))
+    return torch.from_numpy(values).to(dtype)
+
+
+ANYTHING = st.one_of(JUNK, tensors(), st.integers(-5, 400))
+
+
+@st.composite
+def metas(draw: st.DrawFn) -> RouteMeta:
+    E = draw(st.integers(1, 300))
+    K = draw(st.integers(1, min(E, 4)))
+    L = draw(st.integers(1, 4))
+    numbers = tuple(range(1, L + 1))
+    moe = draw(st.one_of(st.none(), st.sets(st.sampled_from(numbers), min_size=1)))
+    return RouteMeta(
+        num_experts=E,
+        top_k=K,
+        layer_axis="all_layers",
+        layer_numbers=numbers,
+        moe_layer_numbers=None if moe is None else tuple(sorted(moe)),
+    )
+
+
+@st.composite
+def valid_batches(draw: st.DrawFn) -> RouteBatch:
+    meta = draw(metas())
+    E, K, L = meta.num_experts, meta.top_k, len(meta.layer_numbers)
+    lengths = draw(st.lists(st.integers(0, 5), min_size=0, max_size=3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    seqs = []
+    for n in lengths:
+        ids = np.array([rng.permutation(E)[:K] for _ in range(n * L)]).reshape(n, L, K)
+        ids[:, list(meta.dense_slots)] = 0
+        seqs.append(ids.astype(np.int64))
+    valid = [rng.random(n) < 0.8 for n in lengths]
+    return RouteBatch.from_sequences(seqs, meta, valid=valid, allow_all_zero=True)
