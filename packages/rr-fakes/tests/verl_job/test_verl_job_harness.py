@@ -295,3 +295,13 @@ def test_megatron_pass_reports_every_chunks_step_in_the_pass(
     assert record["agreement"] == {"1": 0.5, "3": 1.0}
     rr_hook._end_step(lambda *a, **k: a[0].end_step(), chunks[0], (chunks[0],), {})  # no pass
     assert rr_hook._PASS_REPORTS is None
+
+
+def test_only_a_ray_node_that_did_not_start_is_run_again(tmp_path: Path) -> None:
+    run = _run(tmp_path, rr=False, passes=[])
+    failed = job.JobRun(**{**vars(run), "returncode": 1})
+    run.log.write_text(f"Exception: {job.RAY_START_TIMEOUT}. This could happen because ...")
+    assert job.ray_start_failed(failed)
+    assert not job.ray_start_failed(run)  # it exited 0
+    run.log.write_text("AssertionError")
+    assert not job.ray_start_failed(failed)

@@ -175,6 +175,16 @@ def overrides(
     return lines
 
 
+#: What Ray 2.60 raises where its raylet does not register within its fixed 30 s
+#: (``ray/_private/node.py:440``): on a machine loaded by other work, before verl runs anything.
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def ray_start_failed(run: JobRun) -> bool:
+    """Whether the job failed only because Ray's local node did not start in time."""
+    return run.returncode != 0 and RAY_START_TIMEOUT in run.log.read_text(errors="replace")
+
+
 def _tree_rss(root: int) -> int:
     import psutil
 
