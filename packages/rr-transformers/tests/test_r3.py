@@ -26,6 +26,7 @@ import rr_transformers
 import rr_vllm
 from _helpers import FAMILIES, expert_inputs, routers, same_sets
 from rr_core import ReplayController, ReplayMode, RouteBatch, RouteMeta, TopK
+from rr_core.replay.topk import is_topk_set_T
 from rr_fakes import RolloutEmulator
 from rr_fakes.engines import VllmEra
 from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_model
@@ -46,11 +47,13 @@ class _Watching(ReplayController):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.native: dict[int, torch.Tensor] = {}
+        self.scores: dict[int, torch.Tensor] = {}
 
     def route(
         self, router: nn.Module, scores_TE: torch.Tensor, k: int, *, values_TE: Any = None
     ) -> TopK:
         self.native[id(router)] = scores_TE.detach().topk(k).indices
+        self.scores[id(router)] = scores_TE.detach()
         return super().route(router, scores_TE, k, values_TE=values_TE)
 
 
@@ -167,6 +170,7 @@ def _check_replay(
         report = controller.end_step()
         by_layer = routers(model, attachment.family)
         native = {layer: controller.native[id(r)] for layer, r in by_layer.items()}
+        scores = {layer: controller.scores[id(r)] for layer, r in by_layer.items()}
         grads = {layer: r.weight.grad for layer, r in by_layer.items()}
     finally:
         controller.detach()
@@ -182,7 +186,13 @@ def _check_replay(
         others_N = torch.ones(n, dtype=torch.bool)
         others_N[rows_R] = False  # each sequence's last token, and padding
         assert int(others_N.sum()) == n - sum(len(p) - 1 for p in where)
-        assert same_sets(ids_NK[others_N], native[layer][others_N]), f"layer {layer}"
+        # Natively routed: a top-k set of the row's scores, torch.topk's own set where no expert
+        # ties the k-th score (with ties, rr's compiled pass ranks the lower id first, which
+        # torch.topk leaves open: a padding row's zero input ties every expert)
+        assert is_topk_set_T(scores[layer][others_N], ids_NK[others_N]).all(), f"layer {layer}"
+        top_NK1 = scores[layer].topk(TOP_K + 1).values
+        untied_N = others_N & (top_NK1[:, TOP_K - 1] > top_NK1[:, TOP_K])
+        assert same_sets(ids_NK[untied_N], native[layer][untied_N]), f"layer {layer}"
         same_R = (
             native_NMK[rows_R, m].long().sort(-1).values == rollout_RK.long().sort(-1).values
         ).all(-1)
