@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rr_core import RouteBatch, RouteMeta, router_topk
+from rr_core import LayoutConfig, RouteBatch, RouteMeta, router_topk
 
 
 def rr_without_torch(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -255,3 +255,16 @@ def valid_batches(draw: st.DrawFn) -> RouteBatch:
         seqs.append(ids.astype(np.int64))
     valid = [rng.random(n) < 0.8 for n in lengths]
     return RouteBatch.from_sequences(seqs, meta, valid=valid, allow_all_zero=True)
+
+
+# --- pipeline stages (test_layout_*) ----------------------------------------------------------
+
+#: A pipeline stage: ``(pp_rank, vp_stage)``, ``vp_stage`` None without virtual pipelining.
+Stage = tuple[int, int | None]
+
+
+def stages_in_order(cfg: LayoutConfig) -> list[Stage]:
+    """Every (pp_rank, vp_stage) in the order Megatron lays layers out: vp_stage, then pp_rank."""
+    if cfg.vp_size is None:
+        return [(p, None) for p in range(cfg.pp_size)]
+    return [(p, v) for v in range(cfg.vp_size) for p in range(cfg.pp_size)]
