@@ -268,3 +268,44 @@ def stages_in_order(cfg: LayoutConfig) -> list[Stage]:
     if cfg.vp_size is None:
         return [(p, None) for p in range(cfg.pp_size)]
     return [(p, v) for v in range(cfg.vp_size) for p in range(cfg.pp_size)]
+
+
+# --- random route batches (codec and record tests) ---------------------------------------------
+
+
+def random_batch(
+    rng: np.random.Generator,
+    E: int,
+    K: int,
+    *,
+    lengths: list[int],
+    layers: int = 3,
+    dense: tuple[int, ...] = (),
+    valid_share: float = 0.7,
+) -> RouteBatch:
+    """Distinct ids per (row, MoE layer); zeros on dense slots and invalid rows."""
+    N, L = sum(lengths), layers
+    moe = tuple(n for n in range(1, L + 1) if n not in dense)
+    ids = rng.random((N * len(moe), E)).argsort(axis=1)[:, :K].reshape(N, len(moe), K)
+    values = np.zeros((N, L, K), dtype=np.int64)
+    values[:, [n - 1 for n in moe]] = ids
+    valid = rng.random(N) < valid_share
+    values[~valid] = 0
+    axis = "all_layers" if dense else "moe_layers"
+    meta = RouteMeta(
+        num_experts=E,
+        top_k=K,
+        layer_axis=axis,
+        layer_numbers=tuple(range(1, L + 1)),
+        moe_layer_numbers=moe if dense else None,
+    )
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    return RouteBatch(
+        torch.from_numpy(values), offsets, torch.from_numpy(valid), meta, allow_all_zero=True
+    )
+
+
+def as_uint8(batch: RouteBatch) -> RouteBatch:
+    """The same batch with uint8 ids: the set codec's fast path takes those (E <= 256, K = 8)."""
+    v = batch.values_NLK.to(torch.uint8)
+    return RouteBatch(v, batch.offsets_B1, batch.valid_N, batch.meta, allow_all_zero=True)

@@ -24,9 +24,8 @@ from rr_core.records.shards import (
     write_index,
     write_shard,
 )
-from test_codecs import random_batch
 
-from rr_core_testing import TinyModel
+from rr_core_testing import TinyModel, random_batch
 
 
 def small_batch(seed: int = 0) -> RouteBatch:
@@ -124,7 +123,7 @@ _WRITER = textwrap.dedent(
     import numpy as np
     from rr_core.records import atomic as _atomic
     from rr_core.records.file import save_routes
-    from test_codecs import random_batch
+    from rr_core_testing import random_batch
 
     path, point = sys.argv[1], sys.argv[2]
     _atomic.CHUNK_BYTES = 64  # several writes, so one can be cut in the middle

@@ -12,7 +12,8 @@ import torch
 from rr_core.cli import main as _cli
 from rr_core.records.file import load_routes, read_header, save_routes
 from rr_core.records.shards import write_index, write_shard
-from test_codecs import random_batch
+
+from rr_core_testing import random_batch
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ from rr_core.codecs.encoding import encode_routes
 from rr_core.errors import RRError
 from rr_core.records.check import KEYS
 from rr_core.records.file import _checksum, load_routes, read_header, save_routes
-from test_codecs import random_batch
+
+from rr_core_testing import random_batch
 
 EXAMPLES = 150  # per test and run; five tests
 _SETTINGS = settings(

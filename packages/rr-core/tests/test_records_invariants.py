@@ -19,7 +19,8 @@ from rr_core.cli import main as _cli
 from rr_core.errors import RecordFileError
 from rr_core.records.file import _checksum, load_routes, read_header, read_record, save_routes
 from rr_core.records.shards import load_samples, write_index, write_shard
-from test_codecs import random_batch
+
+from rr_core_testing import random_batch
 
 
 def parts(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:

@@ -24,7 +24,8 @@ from rr_core.records.temps import (
     temp_files,
     temp_stem,
 )
-from test_codecs import random_batch
+
+from rr_core_testing import random_batch
 
 
 def dead_pid() -> int:
