@@ -1,7 +1,8 @@
 """Property sweep of the layout entry points (LayoutConfig, MoE layers, pipeline stages, layer
 axes): a checked result or an RRError.
 
-The generated input and the invariant every sweep checks: tests/test_core_sweep.py.
+The invariant every sweep checks, and the list of swept names: test_core_sweep.py; the generated
+input: rr_core_testing.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Property sweep of the replay path (top-k, ReplayController, a replayed forward) and of
 failure_mode: a checked result or an RRError.
 
-The generated input and the invariant every sweep checks: tests/test_core_sweep.py.
+The invariant every sweep checks, and the list of swept names: test_core_sweep.py; the generated
+input: rr_core_testing.
 """
 
 from __future__ import annotations
