@@ -16,7 +16,8 @@ from hypothesis.extra import numpy as hnp
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rr_core import LayoutConfig, RouteBatch, RouteMeta, router_topk
+from rr_core import LayoutConfig, ReplayController, ReplayMode, RouteBatch, RouteMeta, router_topk
+from rr_fakes import distinct_ids
 
 
 def rr_without_torch(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -309,3 +310,25 @@ def as_uint8(batch: RouteBatch) -> RouteBatch:
     """The same batch with uint8 ids: the set codec's fast path takes those (E <= 256, K = 8)."""
     v = batch.values_NLK.to(torch.uint8)
     return RouteBatch(v, batch.offsets_B1, batch.valid_N, batch.meta, allow_all_zero=True)
+
+
+# --- replay controller on a tiny model (test_controller_*) -------------------------------------
+
+
+def tokens(t: int, seed: int = 1) -> torch.Tensor:
+    """``[t, H]`` seeded random inputs of the tiny model."""
+    return torch.randn(t, H, generator=torch.Generator().manual_seed(seed))
+
+
+def random_routes(t: int, layers: int, seed: int = 2) -> torch.Tensor:
+    """``[t, layers, K]`` distinct ids per row, uint8 like a compact route batch."""
+    return distinct_ids(t, layers, num_experts=E, top_k=K, seed=seed, dtype=torch.uint8)
+
+
+def replaying_tiny_model(controller: ReplayController) -> tuple[TinyModel, tuple[int, ...]]:
+    """A two-layer TinyModel attached to ``controller``, which is set to replay, and its
+    layer numbers."""
+    model = TinyModel(num_layers=2)
+    layers = controller.attach(model)
+    controller.set_mode(ReplayMode.REPLAY)
+    return model, layers
