@@ -305,3 +305,13 @@ def test_only_a_ray_node_that_did_not_start_is_run_again(tmp_path: Path) -> None
     assert not job.ray_start_failed(run)  # it exited 0
     run.log.write_text("AssertionError")
     assert not job.ray_start_failed(failed)
+
+
+def test_megatron_jobs_checkpoint_has_every_layer_moe_as_bridge_builds_it(tmp_path: Path) -> None:
+    overrides = assets.MEGATRON_OVERRIDES["qwen3_moe"]
+    megatron = assets.chat_checkpoint("qwen3_moe", tmp_path, **overrides)
+    fsdp = assets.chat_checkpoint("qwen3_moe", tmp_path)
+    layers = list(range(1, megatron.num_hidden_layers + 1))  # global, 1-based
+    assert list(megatron.moe_layer_numbers) == layers
+    assert 1 not in fsdp.moe_layer_numbers  # the FSDP jobs keep the dense first layer
+    assert megatron.path != fsdp.path

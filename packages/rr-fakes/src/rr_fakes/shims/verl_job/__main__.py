@@ -45,16 +45,23 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.disarm_layer is not None:
         os.environ["RR_VERL_JOB_DISARM_LAYER"] = str(args.disarm_layer)
-    checkpoint = assets.chat_checkpoint(args.family, work)
+    checkpoints = {
+        engine: assets.chat_checkpoint(
+            args.family, work, **(assets.MEGATRON_OVERRIDES.get(args.family, {}) if mega else {})
+        )
+        for engine, mega in (("fsdp2", False), ("megatron", True))
+        if any(JOBS[name].engine == engine for name in args.jobs.split(","))
+    }
     train, val = assets.dataset(work / "data")
     reward = assets.reward_file(work)
     runs, rows, problems = [], [], []
     for name in args.jobs.split(","):
         print(f"== {name}", flush=True)
-        run = job.run(JOBS[name], checkpoint.path, train, val, reward, work, args.timeout)
+        model = checkpoints[JOBS[name].engine].path
+        run = job.run(JOBS[name], model, train, val, reward, work, args.timeout)
         if job.ray_start_failed(run):  # the machine's load, not the job: once more
             print(f"   Ray's node did not start in time ({run.wall_s:.0f} s); again", flush=True)
-            run = job.run(JOBS[name], checkpoint.path, train, val, reward, work, args.timeout)
+            run = job.run(JOBS[name], model, train, val, reward, work, args.timeout)
         runs.append(run)
         mine = table.step_rows(run)
         rows += mine

@@ -14,6 +14,7 @@ import json
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 from rr_fakes.hf_checkpoints import VOCAB, HFCheckpoint, build_checkpoint
 
@@ -64,10 +65,20 @@ def _save_chat_tokenizer(path: Path, vocab_size: int) -> None:
     fast.save_pretrained(path)
 
 
-def chat_checkpoint(family: str, root: Path) -> HFCheckpoint:
-    """``family``'s tiny checkpoint (``rr_fakes.hf_checkpoints``) under ``root`` with the chat
-    tokenizer: pad id 0, eos ``<|im_end|>`` (id 2), as the checkpoint's config has them."""
-    source = build_checkpoint(family)
+#: Per family, the config overrides of the Megatron engine's checkpoint: Megatron-Bridge 0.6.2
+#: builds every Qwen3-MoE layer as MoE (``megatron/bridge/models/qwen/qwen3_moe_bridge.py``
+#: ``provider_bridge`` reads neither ``mlp_only_layers`` nor ``decoder_sparse_step``; ``:47``
+#: "All layers are MoE in Qwen3 MoE"), so the tiny checkpoint's dense layer 0 would become an
+#: MoE layer with no weights from the checkpoint: another model than the engine's (and routes
+#: for it that the engine never computed).
+MEGATRON_OVERRIDES: dict[str, dict[str, Any]] = {"qwen3_moe": {"mlp_only_layers": []}}
+
+
+def chat_checkpoint(family: str, root: Path, **overrides: Any) -> HFCheckpoint:
+    """``family``'s tiny checkpoint (``rr_fakes.hf_checkpoints``, ``overrides`` to its config)
+    under ``root`` with the chat tokenizer: pad id 0, eos ``<|im_end|>`` (id 2), as the
+    checkpoint's config has them."""
+    source = build_checkpoint(family, **overrides)
     target = root / f"{source.path.name}-chat"
     if not (target / "rr_checkpoint.json").exists():
         scratch = root / f".{target.name}.tmp"

@@ -151,7 +151,8 @@ def _megatron_forward_backward_batch(wrapped: Any, instance: Any, args: Any, kwa
     global _PASS_REPORTS
     data = args[0] if args else kwargs["data"]
     forward_only = bool(args[2] if len(args) > 2 else kwargs.get("forward_only", False))
-    _PASS_REPORTS = reports = []
+    reports: list[tuple[Any, Any]] = []
+    _PASS_REPORTS = reports
     start = time.perf_counter()
     try:
         output = wrapped(*args, **kwargs)
