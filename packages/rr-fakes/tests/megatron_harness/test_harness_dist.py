@@ -121,3 +121,36 @@ def test_world_of_four_pp2_ep2() -> None:
         (1, 0, [3, 4], 4),
         (1, 1, [3, 4], 4),
     ]
+
+
+def world_size_seen() -> int:
+    return dist.get_world_size()
+
+
+def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parallel test workers may bind the port the OS called free before rank 0 listens on
+    it (EADDRINUSE): the launch runs again on another port instead of failing the test."""
+    import socket
+
+    from rr_fakes.megatron import _dist, _launch
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    ports = iter([busy])
+    tried: list[int] = []
+
+    def next_port() -> int:
+        port = next(ports, None) or _dist.free_port()
+        tried.append(port)
+        return port
+
+    monkeypatch.setattr(_launch, "free_port", next_port)
+    with taken:
+        assert launch(world_size_seen, 2) == [2, 2]
+    assert tried[0] == busy
+    assert len(tried) == 2
+    assert tried[1] != busy

@@ -77,6 +77,10 @@ def _rank_main(
         results.put((rank, False, traceback.format_exc(), time.time()))
 
 
+#: How often a launch whose rendezvous port was taken is tried on another port.
+PORT_TRIES = 3
+
+
 def launch(
     fn: Callable[..., Any],
     world_size: int,
@@ -87,12 +91,35 @@ def launch(
     """Call ``fn(*args)`` on ranks 0..world_size-1 (forked processes) and return their
     results by rank. With ``sizes`` each rank runs inside :func:`model_parallel` (the CPU
     harness and Megatron's parallel state). ``fn``, ``args`` and results must pickle; define
-    ``fn`` at module level."""
+    ``fn`` at module level. The rendezvous port is one the OS found free; where another
+    process binds it before rank 0 does (parallel test workers), the launch runs again on
+    another port: no rank ran ``fn`` then, since none joined the group."""
     if not 1 <= world_size <= 8:
         raise ValueError(f"world_size must be in 1..8; got {world_size}")
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            return _launch_once(fn, world_size, args, sizes, timeout_s, free_port())
+        except RankFailedError as e:
+            if attempt == PORT_TRIES or not _port_taken(e):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _port_taken(error: RankFailedError) -> bool:
+    """Rank 0 could not listen on the rendezvous port (it was taken since it was found)."""
+    return error.rank == 0 and "EADDRINUSE" in error.detail and "TCPStore" in error.detail
+
+
+def _launch_once(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...],
+    sizes: ParallelSizes | None,
+    timeout_s: float,
+    port: int,
+) -> list[Any]:
     context = _context()
     results = context.Queue()
-    port = free_port()
     caller = (dict(os.environ), os.getcwd())
     processes = [
         context.Process(
