@@ -30,7 +30,7 @@ nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = [
     "lint", "core", "vllm", "sglang", "megatron", "distributed", "verl", "bridge",
-    "transformers", "engine", "trl", "timings",
+    "transformers", "engine", "trl", "verl_job", "timings",
 ]  # fmt: skip
 
 ROOT = Path(__file__).parent
