@@ -126,22 +126,31 @@ def _forward_backward_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any)
     report = rr_verl.last_report(instance.module)
     controller = rr_verl.controller_of(instance.module)
     tally = _TALLIES.pop(controller, _Tally()) if controller is not None else _Tally()
+    _write_pass(
+        instance,
+        data,
+        forward_only=forward_only,
+        pass_s=seconds,
+        rows_armed=tally.rows,
+        rr_host_s=tally.rr_s,
+        agreement={} if report is None else report.agreement,
+        order_agreement={} if report is None else report.order_agreement,
+    )
+    return output
+
+
+def _write_pass(instance: Any, data: Any, **figures: Any) -> None:
+    """One engine pass's report line: the figures given, beside what the batch had to replay."""
     has_routes = data.get("routed_experts", None) is not None
     _write(
         {
             "event": "pass",
             "engine": type(instance).__name__,
-            "forward_only": forward_only,
             "routes_in_batch": has_routes,
             "rows_to_replay": _rows_to_replay(data) if has_routes else 0,
-            "rows_armed": tally.rows,
-            "agreement": {} if report is None else report.agreement,
-            "order_agreement": {} if report is None else report.order_agreement,
-            "pass_s": seconds,
-            "rr_host_s": tally.rr_s,
+            **figures,
         }
     )
-    return output
 
 
 def _megatron_forward_backward_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -165,20 +174,15 @@ def _megatron_forward_backward_batch(wrapped: Any, instance: Any, args: Any, kwa
     for _, report in reports:
         agreement.update(report.agreement)
         order_agreement.update(report.order_agreement)
-    has_routes = data.get("routed_experts", None) is not None
-    _write(
-        {
-            "event": "pass",
-            "engine": type(instance).__name__,
-            "forward_only": forward_only,
-            "routes_in_batch": has_routes,
-            "rows_to_replay": _rows_to_replay(data) if has_routes else 0,
-            "rows_armed": max((tally.rows for tally in tallies), default=0),
-            "agreement": agreement,
-            "order_agreement": order_agreement,
-            "pass_s": seconds,
-            "rr_host_s": sum(tally.rr_s for tally in tallies),
-        }
+    _write_pass(
+        instance,
+        data,
+        forward_only=forward_only,
+        pass_s=seconds,
+        rows_armed=max((tally.rows for tally in tallies), default=0),
+        rr_host_s=sum(tally.rr_s for tally in tallies),
+        agreement=agreement,
+        order_agreement=order_agreement,
     )
     return output
 
