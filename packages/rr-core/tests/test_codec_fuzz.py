@@ -1,4 +1,4 @@
-"""Codec fuzzing (issue 38): mutated payloads through every decoder and kernel, in a child
+"""Codec fuzzing: mutated payloads through every decoder and kernel, in a child
 process so that a compiled kernel reading or writing past a buffer shows as a crash, not as
 corrupted memory in the test process. See codec_fuzz_worker.py for what is mutated and checked."""
 

@@ -1,4 +1,4 @@
-"""A payload is bytes (issue 38): decode_routes and decode_routes_into refuse a payload widened
+"""A payload is bytes: decode_routes and decode_routes_into refuse a payload widened
 element by element to another dtype (which decoded to other ids for E=8 and E=128 and raised
 torch errors for E=300), and accept a byte view of a buffer whose byte length matches."""
 

@@ -1,4 +1,4 @@
-"""Near-miss sweeps over rr_core's data-facing entry points (issue 38): the plausible wrong data
+"""Near-miss sweeps over rr_core's data-facing entry points: the plausible wrong data
 users produce, not junk. Each call gives the right result or an RRError naming the argument:
 payloads and route ids in another dtype, codec and axis names in other spellings, provenance as
 JSON text, save_routes' arguments swapped, limits just past their maximum."""

@@ -1,4 +1,4 @@
-"""save_routes never writes what its reader refuses (issue 38): a header over the reader's limit
+"""save_routes never writes what its reader refuses: a header over the reader's limit
 (a 20 MB provenance value, hundreds of thousands of sequences named by uuid) and provenance
 holding NaN or Infinity are refused at write time; a shard of rank >= 100000 is indexed."""
 

@@ -1,4 +1,4 @@
-"""The compiled replay pass answers ids it cannot replay as the torch path does (issue 38): an
+"""The compiled replay pass answers ids it cannot replay as the torch path does: an
 id >= E armed with ``validate=False, ids_validated=True``, or a checked batch edited in place
 after arming, raises :class:`ReplayError` on every kernel, never torch's ``RuntimeError`` from
 the gather."""

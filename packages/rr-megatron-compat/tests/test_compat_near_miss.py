@@ -1,4 +1,4 @@
-"""Near-miss sweeps over rr_megatron_compat's layout entry points (issue 38): moe_layer_freq as
+"""Near-miss sweeps over rr_megatron_compat's layout entry points: moe_layer_freq as
 the JSON text of its list, or as a list of bools or floats, reads as the list or is named; a
 layer count just past the list's length is named; sp_pad's routes in another dtype pad alike
 or are named."""

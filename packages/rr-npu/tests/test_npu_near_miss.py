@@ -1,4 +1,4 @@
-"""Near-miss sweeps over rr_npu's torch-only entry points (issue 38): a backend name in another
+"""Near-miss sweeps over rr_npu's torch-only entry points: a backend name in another
 spelling plans as the backend or is named; ids in another dtype go over the wire as the same
 ids or are named."""
 

@@ -1,4 +1,4 @@
-"""Near-miss sweeps over rr_transformers' layout entry points (issue 38): an attention mask in
+"""Near-miss sweeps over rr_transformers' layout entry points: an attention mask in
 another dtype (bool, float, int64, as tokenizers and collates leave it) gives the routes of the
 bool mask or an RRError naming it; the arguments swapped are named."""
 

@@ -1,4 +1,4 @@
-"""Errors that name their cause (issue 38): an SGLang version that does not parse names SGLang,
+"""Errors that name their cause: an SGLang version that does not parse names SGLang,
 not vLLM; decode_vllm_batch given one prompt start for requests sent with different ones says
 which starts to pass (vLLM's own RequestOutput where vllm imports)."""
 

@@ -1,4 +1,4 @@
-"""Near-miss sweeps over rr_vllm's data-facing entry points (issue 38): the plausible wrong data
+"""Near-miss sweeps over rr_vllm's data-facing entry points: the plausible wrong data
 users produce, not junk. Each call gives the right result or an RRError naming the argument:
 streams in the byte chunks an HTTP client yields, JSON text where a body or a configuration
 goes, other spellings of roles and policies, route ids in another dtype, per-request starts one

@@ -1,4 +1,4 @@
-"""A streamed answer as an HTTP client yields it (issue 38): byte chunks cut anywhere, mid-event,
+"""A streamed answer as an HTTP client yields it: byte chunks cut anywhere, mid-event,
 mid-line and mid-UTF-8 character (``iter_content``, ``aiter_bytes``), decode as the whole body
 does; a cut body is still refused. vLLM 0.34's ``output_mode="derender"`` answers without
 token ids (``include_reasoning=false``) are refused by name in the HTTP and stream decoders,
