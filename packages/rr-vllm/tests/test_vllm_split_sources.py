@@ -1,5 +1,5 @@
 """Split deployments and configuration sources that read as "not split" or "nothing known"
-On vLLM 0.33's own EngineArgs, KVTransferConfig and RequestOutput where vllm imports.
+on vLLM 0.33's own EngineArgs, KVTransferConfig and RequestOutput where vllm imports.
 
 vLLM's NixlConnector replicas run with ``kv_role="kv_both"``: the side each request is on comes
 from its transfer parameters. The prefill replica's answer carries ``kv_transfer_params`` with
