@@ -24,6 +24,7 @@ import base64
 import io
 import json
 import os
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +39,20 @@ pytest.importorskip("transformers", reason="the checkpoints are built with trans
 from engine_server import Server, sse_chunks
 
 from rr_core import RouteMeta
-from rr_fakes.engines import (
+from rr_fakes.emulations.engines import (
     openai_stream,
     vllm_generate_response,
     vllm_generate_stream,
     vllm_http_response,
 )
-from rr_fakes.hf_checkpoints import build_checkpoint, prompt_text
-from rr_vllm import EngineOutputError, decode_vllm_http, decode_vllm_stream, validate_samples
+from rr_fakes.shims.hf_checkpoints import build_checkpoint, prompt_text
+from rr_vllm import (
+    DecodeOptions,
+    EngineOutputError,
+    decode_vllm_http,
+    decode_vllm_stream,
+    validate_samples,
+)
 
 FAMILY = "qwen3_moe"
 MAX_MODEL_LEN = 256
@@ -267,6 +274,41 @@ def test_the_generate_stream_sends_the_routes_with_finish_reason(
         output_mode=None,  # this release's chunks have no output_mode
     )
     _same_shape([*token_chunks, usage], [json.loads(e[6:]) for e in events[:-1]])
+
+
+def test_the_generate_stream_read_as_it_arrives_decodes_whole(served: Served) -> None:
+    """The server's streamed bytes, read off the socket in small reads (as an HTTP client's
+    ``iter_content`` yields them) and re-cut at random places, give the whole body's routes."""
+    body = {
+        "token_ids": served.prompt,
+        "sampling_params": {**_GREEDY, "routed_experts_prompt_start": 0},
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        f"{served.server.url}/inference/v1/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    reads: list[bytes] = []
+    with urllib.request.urlopen(request, timeout=60) as response:
+        while piece := response.read1(7):  # 7 bytes: cut mid-event, mid-line, mid-field
+            reads.append(piece)
+    raw = b"".join(reads)
+    assert len(reads) > raw.count(b"\n\n"), "the reads cut no event"
+    options = DecodeOptions(served.meta)
+    (whole,) = decode_vllm_stream(raw, options, num_prompt_tokens=len(served.prompt))
+    _check_sample(served, whole)
+    (as_read,) = decode_vllm_stream(iter(reads), options, num_prompt_tokens=len(served.prompt))
+    rng = np.random.default_rng(0)
+    cuts = sorted(rng.choice(np.arange(1, len(raw)), size=40, replace=False).tolist())
+    recut = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    (random_cut,) = decode_vllm_stream(recut, options, num_prompt_tokens=len(served.prompt))
+    for sample in (as_read, random_cut):
+        np.testing.assert_array_equal(sample.routes_TLK, whole.routes_TLK)
+        np.testing.assert_array_equal(np.asarray(sample.valid_T), np.asarray(whole.valid_T))
+    with pytest.raises(EngineOutputError, match="cut"):  # the same bytes short of their end
+        decode_vllm_stream(reads[:-3], options, num_prompt_tokens=len(served.prompt))
 
 
 # --- rr_fakes' emulation against the real answers -----------------------------------------------
