@@ -16,9 +16,6 @@ import pytest
 
 from rr_core.adapters import Installer
 from rr_fakes.adapter_protocol import AdapterContract, InstallerContract, ProtocolCase
-from rr_fakes.pytest_support import _no_leaked_attachments
-
-__all__ = ["_no_leaked_attachments"]  # the shared leak check, active here too
 
 
 def _needs(*names: str) -> pytest.MarkDecorator:

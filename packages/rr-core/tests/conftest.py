@@ -6,11 +6,8 @@ import pytest
 import torch
 
 from rr_core import ReplayController
-from rr_fakes.pytest_support import _no_leaked_attachments
 
 from rr_core_testing import E, K
-
-__all__ = ["_no_leaked_attachments"]  # an autouse fixture: importing it here applies it
 
 
 @pytest.fixture

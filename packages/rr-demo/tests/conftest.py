@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from rr_fakes.megatron import unavailable_reason
-from rr_fakes.pytest_support import _no_leaked_attachments, skip_folder
-
-__all__ = ["_no_leaked_attachments"]  # the autouse fixture, active in this folder
+from rr_fakes.pytest_support import skip_folder
 
 HERE = Path(__file__).parent
 REASON = unavailable_reason()

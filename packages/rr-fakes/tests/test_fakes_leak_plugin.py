@@ -3,9 +3,12 @@ get it wherever rr-fakes is installed, and a test that leaves routers attached f
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 LEAKING_TESTS = """
 from torch import nn
@@ -57,3 +60,14 @@ def test_the_plugin_can_be_turned_off_by_name(tmp_path: Path) -> None:
     run = _pytest(tmp_path, "-p", "no:rr-leak-check")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 passed" in run.stdout
+
+
+def test_the_plugin_is_the_one_source_of_the_leak_check(request: pytest.FixtureRequest) -> None:
+    """Every package's tests get the check from the plugin alone: no conftest or test module
+    imports the fixture (which registered it a second time), and it applies here."""
+    assert "_no_leaked_attachments" in request.fixturenames
+    repo = Path(__file__).parents[3]
+    sources = [*repo.glob("packages/*/tests/**/*.py"), *repo.glob("tests/**/*.py")]
+    imports = re.compile(r"^from rr_fakes\.pytest_support import .*_no_leaked_attachments", re.M)
+    importing = [str(p.relative_to(repo)) for p in sources if imports.search(p.read_text())]
+    assert sources and not importing, f"import the leak check from the plugin only: {importing}"

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import rr_transformers
-from rr_fakes.pytest_support import _no_leaked_attachments  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture(autouse=True)
