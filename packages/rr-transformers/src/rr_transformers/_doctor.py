@@ -8,7 +8,7 @@ from typing import Any
 
 from rr_transformers._errors import TransformersVersionError
 from rr_transformers._families import KNOWN_FAMILIES
-from rr_transformers._supported import SUPPORTED, TRANSFORMERS_LINES
+from rr_transformers._supported import SUPPORTED, TESTED_RELEASES
 from rr_transformers._versions import (
     check_transformers_version,
     installed_transformers_version,
@@ -31,7 +31,7 @@ def transformers_report() -> dict[str, Any]:
         "supported": supported,
         "ok": None if version is None else _accepted(version),
         "untested": None if version is None else newer_than_tested(version),
-        "tested_lines": dict(TRANSFORMERS_LINES),
+        "tested_lines": {release.rsplit(".", 1)[0]: release for release in TESTED_RELEASES},
         "families": families,
     }
 

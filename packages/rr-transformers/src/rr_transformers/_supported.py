@@ -1,8 +1,8 @@
 """Every transformers fact of rr-transformers, as plain data with no imports: the supported
 range (``rr doctor`` reads ``SUPPORTED``, entry point ``rr.supported``), the releases known to
 break, the MoE families rr knows with where their top-k step lives and how each computes its
-gate weights, the families it refuses, and the releases the test sessions pin (the noxfile
-reads this file by path, so nox imports no torch).
+gate weights, the families it refuses, and the releases it is tested on (the test sessions
+install them from the harness's pins, ``rr_fakes/pins.py``).
 
 Why 5.0 is the floor: from 5.0 every family routes in a router module of its own (or, for the
 grouped families before 5.13, in one method of the MoE block) whose top-k call rr can route;
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 SUPPORTED: dict[str, str] = {"transformers": ">=5.0"}
 
-#: The pinned release of each test line (newest 5.x, and 5.0, the oldest with router modules).
-#: The last line is the newest tested release: a newer one warns once and is proven at attach.
-TRANSFORMERS_LINES: dict[str, str] = {"5.0": "5.0.0", "5.25": "5.25.0"}
+#: The releases rr-transformers is tested on, oldest first (newest 5.x, and 5.0, the oldest with
+#: router modules): the last is the newest tested release, and a newer one warns once and is
+#: proven at attach. The transformers sessions install these (``TRANSFORMERS_LINES`` in
+#: ``rr_fakes/pins.py``; tests/test_pins.py holds the two equal).
+TESTED_RELEASES: tuple[str, ...] = ("5.0.0", "5.25.0")
 
 #: Releases known to break replay (version specifier -> what breaks), refused by name at
 #: install and attach. None is known today: every release up to the newest line passes the
@@ -93,7 +95,3 @@ REFUSED_FAMILIES: dict[str, str] = {
 #: router's ``forward`` selects, as in every other family.
 ROUTE_IN_BLOCK: str = "<5.13"
 ROUTE_IN_BLOCK_METHOD = "route_tokens_to_experts"
-
-#: What the test sessions install beside the pinned transformers (its own requirements resolve
-#: from PyPI; torch is constrained to the local CPU build).
-TEST_DEPS: tuple[str, ...] = ("pytest", "pytest-xdist", "hypothesis")

@@ -17,11 +17,11 @@ from rr_transformers._supported import (
     KNOWN_BROKEN,
     ROUTE_IN_BLOCK,
     SUPPORTED,
-    TRANSFORMERS_LINES,
+    TESTED_RELEASES,
 )
 
-#: The newest release a test line pins (the last line).
-NEWEST_TESTED = Version(list(TRANSFORMERS_LINES.values())[-1])
+#: The newest release rr-transformers is tested on.
+NEWEST_TESTED = Version(TESTED_RELEASES[-1])
 
 
 class UntestedTransformersWarning(RRWarning):
@@ -49,7 +49,7 @@ def installed_transformers_version() -> Version | None:
         raise TransformersVersionError(
             f"transformers reports its version as {text!r}, which names no release, so rr "
             "cannot tell which router code it runs. Install a release (tested: "
-            f"{', '.join(TRANSFORMERS_LINES.values())})"
+            f"{', '.join(TESTED_RELEASES)})"
         ) from None
 
 
@@ -78,7 +78,7 @@ def check_transformers_version(version: Version | None) -> Version:
         if SpecifierSet(releases).contains(version, prereleases=True):
             raise TransformersVersionError(
                 f"transformers {version} is known to break routing replay ({releases}): {why}. "
-                f"Install another release (tested: {', '.join(TRANSFORMERS_LINES.values())})"
+                f"Install another release (tested: {', '.join(TESTED_RELEASES)})"
             )
     return version
 

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 import rr_transformers.trl
-from rr_transformers.trl._supported import SUPPORTED, TESTED_TRL
+from rr_fakes.pins import TESTED_TRL
+from rr_transformers.trl._supported import SUPPORTED
 
 README = Path(__file__).parents[2] / "README.md"
 

