@@ -47,7 +47,7 @@ def bench_bookkeeping() -> dict[str, Any]:
         num_hidden_layers=L,
         num_experts=E,
         num_experts_per_tok=K,
-        moe_intermediate_size=2,
+        moe_intermediate_size=4,  # grouped_mm (transformers 5) wants 16-byte strides
         mlp_only_layers=[],
     )
     g = torch.Generator().manual_seed(1)
