@@ -14,22 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rr_core
-from rr_core import (
-    CODECS,
-    RouteBatch,
-    RouteMeta,
-)
+from rr_core import CODECS, RouteBatch, RouteMeta
 from rr_fakes.pytest_support import settles
 
-from rr_core_testing import (
-    ANY_DTYPES,
-    ANYTHING,
-    JUNK,
-    SWEEP,
-    metas,
-    tensors,
-    valid_batches,
-)
+from rr_core_testing import ANY_DTYPES, ANYTHING, JUNK, SWEEP, metas, tensors, valid_batches
 
 
 @SWEEP

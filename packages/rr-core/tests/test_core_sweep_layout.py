@@ -15,18 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rr_core
-from rr_core import (
-    LayoutConfig,
-    RRError,
-)
+from rr_core import LayoutConfig, RRError
 from rr_fakes.pytest_support import settles
 
-from rr_core_testing import (
-    ANYTHING,
-    JUNK,
-    SWEEP,
-    tensors,
-)
+from rr_core_testing import ANYTHING, JUNK, SWEEP, tensors
 
 
 @st.composite

@@ -15,11 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rr_core
-from rr_core import (
-    ReplayController,
-    ReplayMode,
-    RRError,
-)
+from rr_core import ReplayController, ReplayMode, RRError
 from rr_fakes.pytest_support import settles
 
 from rr_core_testing import (
