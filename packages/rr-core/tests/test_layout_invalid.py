@@ -10,20 +10,18 @@ from typing import Any
 import pytest
 import torch
 
-from rr_core.errors import LayoutError
-from rr_core.layout.axis import (
-    all_layers_to_moe_layers,
-    axis_length,
-    moe_layers_to_all_layers,
-    select_stage,
-)
-from rr_core.layout.pipeline import (
+from rr_core import (  # what users call, from where they import it
     LayoutConfig,
+    LayoutError,
+    all_layers_to_moe_layers,
     is_moe_layer,
     layer_offset,
+    moe_layers_to_all_layers,
     num_layers_to_build,
+    select_stage,
     stage_of_layer,
 )
+from rr_core.layout.axis import axis_length
 
 # --- invalid configs -----------------------------------------------------------------------------
 
