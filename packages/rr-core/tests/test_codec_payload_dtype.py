@@ -9,18 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-from rr_core import CodecError, RouteBatch, RouteMeta
+from rr_core import CodecError, RouteBatch
 from rr_core.codecs.encoding import CODECS, decode_routes, decode_routes_into, encode_routes
+
+from rr_core_testing import route_meta
 
 
 def batch_of(num_experts: int, top_k: int = 2, rows: int = 16) -> RouteBatch:
-    meta = RouteMeta(
-        num_experts=num_experts,
-        top_k=top_k,
-        layer_axis="all_layers",
-        layer_numbers=(1, 2, 3),
-        moe_layer_numbers=(1, 3),
-    )
+    meta = route_meta(num_experts, top_k, layers=(1, 2, 3), moe=(1, 3))
     gen = torch.Generator().manual_seed(num_experts)
     ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(rows * 3)])
     values = ids.reshape(rows, 3, top_k)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rr_core import ReplayController, ReplayError, ReplayMode
 
-from rr_core_testing import E, K, TinyModel, random_routes, replaying_tiny_model, tokens
+from rr_core_testing import E, K, TinyModel, random_routes, replaying_tiny_model, route_meta, tokens
 
 
 @settings(max_examples=25, deadline=None)
@@ -142,17 +142,11 @@ def test_D5_sequence_parallel_padding_rows_route_natively_and_real_rows_do_not_s
 
 
 def test_arm_batch_replays_a_packed_route_batch(controller: ReplayController) -> None:
-    from rr_core import RouteBatch, RouteMeta
+    from rr_core import RouteBatch
 
     model = TinyModel(num_layers=3, moe=[False, True, True])
     layers = controller.attach(model)
-    meta = RouteMeta(
-        num_experts=E,
-        top_k=K,
-        layer_axis="all_layers",
-        layer_numbers=(1, 2, 3),
-        moe_layer_numbers=(2, 3),
-    )
+    meta = route_meta(E, K, layers=(1, 2, 3), moe=(2, 3))
     seqs = []
     for seed, t in ((1, 3), (2, 4)):
         routes = torch.zeros(t, 3, K, dtype=torch.uint8)
