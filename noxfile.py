@@ -18,7 +18,7 @@ import nox
 sys.path.insert(0, str(Path(__file__).parent))
 from noxsupport import newest as newest_report
 from noxsupport import stacks, suites, timings
-from noxsupport.bench_report import bench_figures, bench_table
+from noxsupport.bench_report import bench_commands, bench_figures, bench_table
 from noxsupport.stacks import PINS, editable, install_megatron_core, install_with_torch
 from noxsupport.suites import PACKAGES, ROOT, selection
 
@@ -187,32 +187,6 @@ def doctor(session: nox.Session) -> None:
     session.run("rr", "doctor", *session.posargs)
 
 
-#: Each benchmark runs in its own process and prints one JSON object with ``--json``.
-BENCHMARKS = {
-    "core": "rr-core/benchmarks/bench_core.py",
-    "codecs": "rr-core/benchmarks/bench_codecs.py",
-    "vllm": "rr-vllm/benchmarks/bench_vllm.py",
-    "vllm_verl": "rr-vllm/benchmarks/bench_vllm_verl.py",
-    "megatron": "rr-megatron-compat/benchmarks/bench_megatron.py",
-    "verl": "rr-megatron-compat/benchmarks/bench_verl.py",
-    "transformers": "rr-transformers/benchmarks/bench_transformers.py",
-}
-
-
-#: The benchmarks that take ``--device`` (the replay path: top-k, agreement, a training step).
-DEVICE_BENCHMARKS = ("core", "megatron", "transformers")
-
-
-def bench_device(posargs: list[str]) -> str:
-    """The ``--device`` of ``nox -s bench -- --device cuda`` (cpu when absent)."""
-    for i, arg in enumerate(posargs):
-        if arg == "--device" and i + 1 < len(posargs):
-            return posargs[i + 1]
-        if arg.startswith("--device="):
-            return arg.split("=", 1)[1]
-    return "cpu"
-
-
 @session(python="3.11", default=False)
 def bench(session: nox.Session) -> None:
     """Every benchmark, one process each, side by side: one table and bench-results.json.
@@ -226,19 +200,10 @@ def bench(session: nox.Session) -> None:
     report_versions(session)
     runs: dict[str, Any] = {}
     tmp = Path(session.create_tmp())
-    device = bench_device(session.posargs)
-    for name, script in BENCHMARKS.items():
+    for name, command in bench_commands(PACKAGES, session.posargs).items():
         out = tmp / f"{name}.json"
-        extra = ["--device", device] if name in DEVICE_BENCHMARKS else []
         with out.open("w") as handle:
-            session.run(
-                "python",
-                str(PACKAGES / script),
-                "--json",
-                *extra,
-                stdout=handle,
-                stderr=sys.stderr,
-            )
+            session.run(*command, stdout=handle, stderr=sys.stderr)
         runs[name] = json.loads(out.read_text())
     figures = bench_figures(runs)
     (ROOT / "bench-results.json").write_text(json.dumps(figures, indent=2) + "\n")

@@ -1,11 +1,51 @@
-"""The headline figures of ``nox -s bench`` and their table, from the benchmarks' JSON output
-(kept out of the noxfile: formatting reports is not a session's job)."""
+"""The benchmarks ``nox -s bench`` runs (one process each) and its report: the headline figures
+and their table, from the benchmarks' JSON output (kept out of the noxfile: formatting reports is
+not a session's job)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-__all__ = ["bench_figures", "bench_table"]
+__all__ = ["BENCHMARKS", "bench_commands", "bench_device", "bench_figures", "bench_table"]
+
+#: Each benchmark runs in its own process and prints one JSON object with ``--json``.
+BENCHMARKS = {
+    "core": "rr-core/benchmarks/bench_core.py",
+    "codecs": "rr-core/benchmarks/bench_codecs.py",
+    "vllm": "rr-vllm/benchmarks/bench_vllm.py",
+    "vllm_verl": "rr-vllm/benchmarks/bench_vllm_verl.py",
+    "megatron": "rr-megatron-compat/benchmarks/bench_megatron.py",
+    "verl": "rr-megatron-compat/benchmarks/bench_verl.py",
+    "transformers": "rr-transformers/benchmarks/bench_transformers.py",
+}
+
+
+#: The benchmarks that take ``--device`` (the replay path: top-k, agreement, a training step).
+DEVICE_BENCHMARKS = ("core", "megatron", "transformers")
+
+
+def bench_device(posargs: list[str]) -> str:
+    """The ``--device`` of ``nox -s bench -- --device cuda`` (cpu when absent)."""
+    for i, arg in enumerate(posargs):
+        if arg == "--device" and i + 1 < len(posargs):
+            return posargs[i + 1]
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+    return "cpu"
+
+
+def bench_commands(packages: Path, posargs: list[str]) -> dict[str, list[str]]:
+    """Each benchmark's command line (its script under ``packages``), JSON out, with the
+    ``--device`` of the posargs for those that take one."""
+    device = bench_device(posargs)
+    return {
+        name: [
+            "python", str(packages / script), "--json",
+            *(["--device", device] if name in DEVICE_BENCHMARKS else []),
+        ]
+        for name, script in BENCHMARKS.items()
+    }  # fmt: skip
 
 
 def bench_figures(runs: dict[str, Any]) -> dict[str, Any]:

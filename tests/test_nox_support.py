@@ -158,3 +158,24 @@ def test_stopwatch_table_adds_up(tmp_path: Path) -> None:
 )
 def test_each_command_is_timed_as_its_kind(command: tuple[str, ...], kind: str) -> None:
     assert timings._kind(command) == kind
+
+
+@pytest.mark.parametrize(
+    ("posargs", "device"),
+    [
+        ([], "cpu"),
+        (["--device", "cuda"], "cuda"),
+        (["--device=cuda:1"], "cuda:1"),
+        (["--device"], "cpu"),
+    ],
+)
+def test_bench_gives_the_device_to_the_replay_benchmarks_only(
+    posargs: list[str], device: str
+) -> None:
+    from noxsupport.bench_report import BENCHMARKS, DEVICE_BENCHMARKS, bench_commands
+
+    commands = bench_commands(Path("/p"), posargs)
+    assert list(commands) == list(BENCHMARKS)
+    for name, command in commands.items():
+        assert command[:3] == ["python", f"/p/{BENCHMARKS[name]}", "--json"]
+        assert command[3:] == (["--device", device] if name in DEVICE_BENCHMARKS else [])
