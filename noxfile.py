@@ -3,6 +3,9 @@
 Each session installs the local CPU build of torch first and constrains every later install to
 it, so no dependency can pull a multi-GB CUDA build.
 """
+# Every release a session installs is a test pin in packages/rr-fakes/src/rr_fakes/pins.py; how
+# the sessions install them is noxsupport/stacks.py; which test files each runs is
+# noxsupport/suites.py.
 
 from __future__ import annotations
 
@@ -77,6 +80,14 @@ def run_ranked_tests(session: nox.Session, *tests: str) -> None:
     runs two ranks, so no xdist."""
     args = session.posargs or ["-q", "-p", "no:xdist"]
     session.run("pytest", *tests, *args, env={"RR_DISTRIBUTED": "1"})
+
+
+def run_npu_tests(session: nox.Session) -> None:
+    """rr-npu installed into a venv that has megatron-core, then its line-dependent tests."""
+    install_with_torch(
+        session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-npu")
+    )
+    session.run("pytest", *selection(suites.NPU_TESTS), *(session.posargs or PYTEST_DEFAULTS))
 
 
 @session(python="3.11")
@@ -263,14 +274,6 @@ def distributed(session: nox.Session, line: str) -> None:
     install_megatron_core(session, line)
     report_versions(session)
     run_ranked_tests(session, *suites.DISTRIBUTED)
-
-
-def run_npu_tests(session: nox.Session) -> None:
-    """rr-npu installed into a venv that has megatron-core, then its line-dependent tests."""
-    install_with_torch(
-        session, *editable("rr-core[test]", "rr-fakes", "rr-megatron-compat", "rr-npu")
-    )
-    session.run("pytest", *selection(suites.NPU_TESTS), *(session.posargs or PYTEST_DEFAULTS))
 
 
 @session(python="3.11", default=False)
