@@ -70,4 +70,5 @@ def test_the_plugin_is_the_one_source_of_the_leak_check(request: pytest.FixtureR
     sources = [*repo.glob("packages/*/tests/**/*.py"), *repo.glob("tests/**/*.py")]
     imports = re.compile(r"^from rr_fakes\.pytest_support import .*_no_leaked_attachments", re.M)
     importing = [str(p.relative_to(repo)) for p in sources if imports.search(p.read_text())]
-    assert sources and not importing, f"import the leak check from the plugin only: {importing}"
+    assert sources
+    assert not importing, f"import the leak check from the plugin only: {importing}"
