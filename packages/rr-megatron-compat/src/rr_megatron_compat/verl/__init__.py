@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from rr_megatron_compat.verl import _names, _packing
+from rr_megatron_compat.verl import _names
 from rr_megatron_compat.verl._helper import (
     RouterReplayHelper,
     iter_model_routers,
@@ -59,6 +59,21 @@ from rr_megatron_compat.verl._layers import (
     is_moe_layer,
     pp_gather,
     reorder_and_merge_vpp_layers,
+)
+
+# verl's helpers, rr's versions under verl's names (replaceable here: rr calls them from here)
+from rr_megatron_compat.verl._names import (
+    _context_parallel_layout,
+    gather_from_sequence_parallel_region,
+    get_device_name,
+    get_transformer_layer_offset,
+    scatter_to_sequence_parallel_region,
+)
+from rr_megatron_compat.verl._packing import (
+    postprocess_packed_seqs,
+    postprocess_thd_engine,
+    preprocess_packed_seqs,
+    preprocess_thd_engine,
 )
 from rr_megatron_compat.verl._r3 import align_r3_router_replay_data, build_r3_replay_mask
 from rr_megatron_compat.verl._routes import (
@@ -106,16 +121,7 @@ _MEGATRON = _names.MEGATRON
 #: detach are the Megatron side's, rr_megatron_compat's (verl's models are Megatron's)
 attach, detach = ADAPTER.attach, ADAPTER.detach
 
-# verl's helpers, rr's versions under verl's names (replaceable here: rr calls them from here)
-get_device_name = _names.get_device_name
-_context_parallel_layout = _names._context_parallel_layout
-gather_from_sequence_parallel_region = _names.gather_from_sequence_parallel_region
-scatter_to_sequence_parallel_region = _names.scatter_to_sequence_parallel_region
-get_transformer_layer_offset = _names.get_transformer_layer_offset
-preprocess_packed_seqs = _packing.preprocess_packed_seqs
-postprocess_packed_seqs = _packing.postprocess_packed_seqs
-preprocess_thd_engine = _packing.preprocess_thd_engine
-postprocess_thd_engine = _packing.postprocess_thd_engine
+# verl's functions rr does not take over: each raises, naming what to use instead
 patched_routing = _names.patched_routing
 _patched_topk_routing_with_score_function = _names._patched_topk_routing_with_score_function
 _get_aux_loss_coeff = _names._get_aux_loss_coeff
