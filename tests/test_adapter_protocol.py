@@ -34,7 +34,7 @@ class TestVerlMegatronAdapter(AdapterContract):
     @pytest.fixture
     def case(self) -> Iterator[ProtocolCase]:
         import rr_megatron_compat as rmc
-        from rr_fakes.megatron import TinyGPTConfig, build_gpt, model_parallel
+        from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, model_parallel
 
         adapter = _adapter("rr_megatron_compat.verl")
         with model_parallel():
@@ -51,7 +51,7 @@ class TestVerlFSDPAdapter(AdapterContract):
     @pytest.fixture
     def case(self) -> Iterator[ProtocolCase]:
         import rr_transformers
-        from rr_fakes.hf_models import tiny_model
+        from rr_fakes.shims.hf_models import tiny_model
 
         adapter = _adapter("rr_transformers.verl")
         try:

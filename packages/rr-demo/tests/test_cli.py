@@ -30,7 +30,7 @@ LIBRARY_NOISE = (
 def fake_result() -> DemoResult:
     return DemoResult(
         megatron_core_version="0.19.2",
-        vllm_objects="rr_fakes.engines._objects",
+        vllm_objects="rr_fakes.emulations.engines._objects",
         mismatch_without_replay=0.12,
         mismatch_with_replay=0.0,
         kl_without_replay=7e-5,

@@ -11,7 +11,7 @@ from importlib.metadata import version
 import pytest
 
 from rr_demo import DemoConfig, run_demo
-from rr_fakes.megatron import MEGATRON_LINES, route_log
+from rr_fakes.shims.megatron import MEGATRON_LINES, route_log
 
 
 def test_demo_replay_removes_every_routing_difference_and_the_logprob_gap() -> None:

@@ -96,7 +96,7 @@ def test_rr_demo_backend_transformers_json_imports_no_megatron() -> None:
     code = (
         "import sys; from rr_core.cli.main import main; rc = main(sys.argv[1:]); "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'megatron' or "
-        "m.startswith(('rr_fakes.megatron', 'rr_demo.trainer_megatron'))); "
+        "m.startswith(('rr_fakes.shims.megatron', 'rr_demo.trainer_megatron'))); "
         "sys.exit('imported ' + ' '.join(bad) if bad else rc)"
     )
     args = ["demo", "--backend", "transformers", "--json"]

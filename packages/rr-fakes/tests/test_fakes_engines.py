@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rr_fakes.engines import (
+from rr_fakes.emulations.engines import (
     BlockObjectStoreError,
     CompletionOutput,
     Faults,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from rr_fakes.mindspeed_emu import (
+from rr_fakes.emulations.mindspeed import (
     LINES,
     MEGATRON_ADAPTOR,
     PRE_PATCH_LINES,
@@ -30,7 +30,7 @@ from rr_fakes.mindspeed_emu import (
 )
 
 STUB = "rr_fakes_stub_moe"
-CONFIGS = "rr_fakes.mindspeed_emu._config"
+CONFIGS = "rr_fakes.emulations.mindspeed._config"
 STUBS = Targets(
     transformer_config=CONFIGS,
     router=STUB,
@@ -114,7 +114,7 @@ def stub() -> Iterator[types.ModuleType]:
 
 
 def installed_line_or_none() -> str | None:
-    from rr_fakes.mindspeed_emu import installed_line
+    from rr_fakes.emulations.mindspeed import installed_line
 
     try:
         return installed_line()
@@ -616,7 +616,7 @@ def test_sweeps_run_module_getattr(stub: types.ModuleType) -> None:
 
 # -- features_manager.py and args_utils.py --------------------------------------------------------
 def test_features_manager_list_is_live_and_the_module_list_is_not(stub: types.ModuleType) -> None:
-    from rr_fakes.mindspeed_emu import Feature
+    from rr_fakes.emulations.mindspeed import Feature
 
     class Marker(Feature):
         def __init__(self, target: str) -> None:

@@ -11,7 +11,7 @@ import rr_core
 from rr_core.replay.controller import attached_router_count
 from rr_fakes._rollout import RolloutEmulator, record_routes
 from rr_fakes._tiny_moe import build_tiny_moe
-from rr_fakes.engines import VllmEra
+from rr_fakes.emulations.engines import VllmEra
 
 E, K, LAYERS = 8, 2, 4
 FREQ = [0, 1, 1, 1]  # layer 1 dense (A2)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rr_fakes._torch_npu import (
+from rr_fakes.emulations.torch_npu import (
     HCCL_COLLECTIVE_DTYPES,
     autoload_trap,
     check_hccl_dtype,

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from rr_fakes import hf_checkpoints
-from rr_fakes.hf_checkpoints import MODEL_RUNNER_VARIABLE, set_vllm_cpu_env, vllm_cpu_env
+from rr_fakes.shims import hf_checkpoints
+from rr_fakes.shims.hf_checkpoints import MODEL_RUNNER_VARIABLE, set_vllm_cpu_env, vllm_cpu_env
 
 
 @pytest.mark.parametrize("release", ["0.14.0", "0.30.0", "0.33.1"])

@@ -41,7 +41,7 @@ import torch
 
 import rr_megatron_compat as rmc
 from rr_core import ReplayController, ReplayMode, walk_routers
-from rr_fakes.megatron import TinyGPTConfig, build_gpt, gpt_inputs, model_parallel, train_step
+from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, gpt_inputs, model_parallel, train_step
 
 
 def run(

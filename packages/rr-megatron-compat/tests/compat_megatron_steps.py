@@ -14,7 +14,14 @@ from torch import nn
 import rr_megatron_compat as rmc
 from rr_core import ReplayController
 from rr_fakes import distinct_ids
-from rr_fakes.megatron import RECOMPUTE, TinyGPTConfig, build_gpt, gpt_inputs, route_log, train_step
+from rr_fakes.shims.megatron import (
+    RECOMPUTE,
+    TinyGPTConfig,
+    build_gpt,
+    gpt_inputs,
+    route_log,
+    train_step,
+)
 
 E, K = 8, 2
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rr_fakes.megatron import unavailable_reason
 from rr_fakes.pytest_support import skip_folder
+from rr_fakes.shims.megatron import unavailable_reason
 
 HERE = Path(__file__).parent
 #: Tests that run without megatron-core (version flags, lazy imports, the doctor view).
@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def megatron() -> Iterator[None]:
     """One model-parallel process group with rr's Megatron hooks installed, for one test."""
     import rr_megatron_compat as rmc
-    from rr_fakes.megatron import model_parallel
+    from rr_fakes.shims.megatron import model_parallel
 
     with model_parallel():
         rmc.install()

@@ -24,7 +24,7 @@ import torch
 import rr_megatron_compat as rmc
 from compat_megatron_steps import E, K, build, inputs, map_of, random_targets, routers, step
 from rr_core import ReplayController, ReplayMode
-from rr_fakes.megatron import gpt_inputs, route_log
+from rr_fakes.shims.megatron import gpt_inputs, route_log
 from rr_megatron_compat import _stats
 
 #: (batch, seq): T = 8 == E rows, and T = 16 != E rows.
@@ -196,7 +196,7 @@ def test_C4_counts_hold_where_megatron_compiles_its_expert_bias_update(megatron:
     the CPU harness runs it eagerly unless asked, so this test asks."""
     from megatron.core.transformer.moe.router import TopKRouter
 
-    from rr_fakes.megatron import megatron_compiled
+    from rr_fakes.shims.megatron import megatron_compiled
 
     update = getattr(TopKRouter, "_apply_expert_bias", None)
     if update is None or not hasattr(update, "_torchdynamo_orig_callable"):

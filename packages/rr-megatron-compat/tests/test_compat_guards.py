@@ -11,7 +11,7 @@ from packaging.version import Version
 import rr_megatron_compat as rmc
 from compat_megatron_steps import E, K, build, capture_maps, inputs, random_targets, step
 from rr_core import ReplayController, ReplayError, ReplayMode
-from rr_fakes.megatron import TinyGPTConfig, build_gpt, transformer_config
+from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, transformer_config
 
 
 def _line_has_fusion() -> bool:

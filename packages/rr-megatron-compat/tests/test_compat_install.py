@@ -20,7 +20,7 @@ from rr_megatron_compat import _versions
 
 @pytest.fixture
 def cpu() -> Iterator[None]:
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
 
     with megatron_cpu():
         yield

@@ -35,13 +35,13 @@ from rr_core import (
     num_layers_to_build,
 )
 from rr_core.layout.pipeline import virtual_stage_layer_counts
-from rr_fakes.megatron import unavailable_reason
+from rr_fakes.shims.megatron import unavailable_reason
 from rr_megatron_compat._layout import layout_config, parse_moe_layer_freq
 
 if (_REASON := unavailable_reason()) is not None:
     pytest.skip(_REASON, allow_module_level=True)
 
-from rr_fakes.megatron import megatron_cpu
+from rr_fakes.shims.megatron import megatron_cpu
 
 LINE = Version(Version(importlib.metadata.version("megatron-core")).base_version)
 HAS_LAYOUT = Version("0.13") <= LINE

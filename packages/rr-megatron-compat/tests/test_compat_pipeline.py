@@ -19,14 +19,14 @@ from rr_megatron_compat._pipeline import (
     stack_rank_routes,
 )
 
-launch = pytest.importorskip("rr_fakes.megatron").launch
+launch = pytest.importorskip("rr_fakes.shims.megatron").launch
 
 MIXED = [0, 1, 1, 0, 1, 0, 1, 1]  # dense and MoE layers mixed over pp=2 x vp=2 chunks
 
 
 def megatron_available() -> bool:
     """Checked when a test runs, not at import: spawned ranks re-import this module."""
-    from rr_fakes.megatron import unavailable_reason
+    from rr_fakes.shims.megatron import unavailable_reason
 
     return unavailable_reason() is None
 
@@ -107,7 +107,7 @@ def interleaved_record() -> dict[str, Any]:
     from megatron.core import parallel_state as ps
 
     from rr_core import walk_routers
-    from rr_fakes.megatron import TinyGPTConfig, build_gpt_chunks, gpt_inputs, train_step
+    from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt_chunks, gpt_inputs, train_step
     from rr_megatron_compat._layout import layout_config
 
     chunks = build_gpt_chunks(TinyGPTConfig(num_layers=8, moe_layer_freq=MIXED))
@@ -143,7 +143,7 @@ def interleaved_record() -> dict[str, Any]:
 def test_A3_vpp2_interleaved_schedule_records_gather_in_layer_order() -> None:
     if not megatron_available():
         pytest.skip("megatron-core unavailable")
-    from rr_fakes.megatron import ParallelSizes
+    from rr_fakes.shims.megatron import ParallelSizes
 
     results = launch(interleaved_record, 2, sizes=ParallelSizes(pp=2, vpp=2), timeout_s=180)
     numbers = results[0]["moe_layers"]

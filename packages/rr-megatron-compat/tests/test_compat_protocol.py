@@ -14,7 +14,7 @@ from rr_fakes.adapter_protocol import AdapterContract, ProtocolCase
 class TestMegatronAdapter(AdapterContract):
     @pytest.fixture
     def case(self) -> Iterator[ProtocolCase]:
-        from rr_fakes.megatron import TinyGPTConfig, build_gpt, model_parallel
+        from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, model_parallel
 
         with model_parallel():
             try:

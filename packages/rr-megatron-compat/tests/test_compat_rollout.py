@@ -11,7 +11,7 @@ import rr_megatron_compat as rmc
 from compat_megatron_steps import E, K, build, capture_maps, map_of
 from rr_core import ReplayController, ReplayMode
 from rr_fakes import RolloutEmulator
-from rr_fakes.megatron import model_parallel
+from rr_fakes.shims.megatron import model_parallel
 
 
 def _logits(model: nn.Module, ids_1S: torch.Tensor) -> torch.Tensor:

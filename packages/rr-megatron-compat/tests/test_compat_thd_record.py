@@ -17,8 +17,8 @@ import torch
 import rr_megatron_compat as rmc
 from compat_megatron_steps import E, K, build, map_of, perturb
 from rr_core import ReplayController, ReplayMode
-from rr_fakes.megatron import route_log
-from rr_fakes.verl import use_thd_attention
+from rr_fakes.shims.megatron import route_log
+from rr_fakes.shims.verl import use_thd_attention
 
 VOCAB = 64
 #: Sequence lengths; the record packs them as RECORD_PACKS, the replay as REPLAY_PACKS (lists of

@@ -32,7 +32,7 @@ from rr_megatron_compat._tokens import (
 )
 from rr_megatron_compat._wire import all_gather_exact, as_wire_bytes, from_wire_bytes
 
-launch = pytest.importorskip("rr_fakes.megatron").launch
+launch = pytest.importorskip("rr_fakes.shims.megatron").launch
 
 
 def routes(
@@ -44,7 +44,7 @@ def routes(
 
 def megatron_available() -> bool:
     """Checked when a test runs, not at import: spawned ranks re-import this module."""
-    from rr_fakes.megatron import unavailable_reason
+    from rr_fakes.shims.megatron import unavailable_reason
 
     return unavailable_reason() is None
 
@@ -173,7 +173,7 @@ class _NoPinnedMemory(TorchFunctionMode):
 def megatron_moves() -> dict[str, Any]:
     import torch.distributed as dist
 
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
 
     out: dict[str, Any] = {}
     with megatron_cpu():
@@ -222,7 +222,7 @@ def test_D6_zigzag_and_sp_split_equal_megatrons_own_functions() -> None:
 
 def test_thd_pack_builds_megatrons_packed_seq_params() -> None:
     needs_megatron()
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
 
     packed = thd_pack([routes(3), routes(5)], align=2)
     with megatron_cpu():

@@ -28,7 +28,7 @@ from compat_megatron_steps import (
     routers,
 )
 from rr_core import ReplayError, controller_of
-from rr_fakes.megatron import model_parallel
+from rr_fakes.shims.megatron import model_parallel
 
 
 def _params(required: str = "", defaulted_to_none: str = "") -> list[tuple[str, Any]]:

@@ -20,18 +20,18 @@ import torch
 
 import rr_megatron_compat.verl as rv
 from rr_core import ReplayError
-from rr_fakes.megatron import model_parallel
-from rr_fakes.megatron import unavailable_reason as megatron_reason
+from rr_fakes.shims.megatron import model_parallel
+from rr_fakes.shims.megatron import unavailable_reason as megatron_reason
 
 REASON = megatron_reason()
 if REASON is None:
-    from rr_fakes.verl import unavailable_reason as verl_reason
+    from rr_fakes.shims.verl import unavailable_reason as verl_reason
 
     REASON = verl_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 if REASON is None:
-    import rr_fakes.verl as vh
+    import rr_fakes.shims.verl as vh
 
 
 @contextmanager

@@ -91,7 +91,7 @@ def test_every_module_level_name_of_verls_modules_is_on_rrs_module(verl_modules:
 
 @pytest.fixture(scope="module")
 def verl_modules() -> Iterator[None]:
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
 
     with megatron_cpu():
         for name in (*ROUTER_MODULES, ENGINE):
@@ -105,7 +105,7 @@ def _engine() -> Any:
 
 def _reimport_engine() -> Any:
     """verl's engine module imported afresh (as in a process that imports it after install)."""
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
 
     registry = importlib.import_module("verl.workers.engine.base").EngineRegistry
     engines, registry._engines = registry._engines, {}  # the module registers its classes
@@ -146,7 +146,7 @@ def test_the_drop_in_is_an_rr_adapter_install_uninstall_count_and_attach(
     import rr_megatron_compat as rmc
     from rr_core import ReplayController
     from rr_core.adapters import Adapter, adapters, leaked_patches
-    from rr_fakes.megatron import TinyGPTConfig, build_gpt, model_parallel
+    from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, model_parallel
 
     assert isinstance(rv.ADAPTER, Adapter)
     assert adapters()["verl"] is rv.ADAPTER

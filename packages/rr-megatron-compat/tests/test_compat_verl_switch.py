@@ -56,7 +56,7 @@ PROBE = textwrap.dedent(
     out["steps"].append(("installed again", state()))
     import verl.workers.engine.fsdp.transformer_impl
     out["steps"].append(("fsdp engine imported", state()))
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
     with megatron_cpu():  # Megatron's modules import on the CPU
         from verl.workers.engine.megatron import transformer_impl as megatron_engine
     out["steps"].append(("megatron engine imported", state()))

@@ -17,8 +17,8 @@ FRESH = "RR_NPU_FRESH_PROCESS"
 def mindspeed_unavailable() -> str | None:
     """Why the MindSpeed emulation cannot run here (no megatron-core, or a release MindSpeed
     has no line for), or None."""
-    from rr_fakes.megatron import unavailable_reason
-    from rr_fakes.mindspeed_emu import installed_line
+    from rr_fakes.emulations.mindspeed import installed_line
+    from rr_fakes.shims.megatron import unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:
@@ -64,7 +64,7 @@ def round_trip(extra: dict[str, Any] | None = None, capacity: str = "warn") -> d
     import rr_megatron_compat as rmc
     import rr_npu
     from rr_core import ReplayController, ReplayMode
-    from rr_fakes.megatron import TinyGPTConfig, build_gpt, gpt_inputs, train_step
+    from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, gpt_inputs, train_step
 
     model = build_gpt(TinyGPTConfig(extra={**rmc.replay_config_fields(), **(extra or {})}))
     config = model.config
@@ -126,8 +126,8 @@ def rr_first_then_mindspeed() -> None:
     """rr_npu.install() in a process without Megatron, then MindSpeed's adaptor (pre-patches
     included), then the model: install must not import Megatron, and replay is exact."""
     import rr_npu
-    from rr_fakes.megatron import model_parallel
-    from rr_fakes.mindspeed_emu import dummy_compile, emulated_mindspeed
+    from rr_fakes.emulations.mindspeed import dummy_compile, emulated_mindspeed
+    from rr_fakes.shims.megatron import model_parallel
 
     rr_npu.install()
     assert not [m for m in sys.modules if m.startswith("megatron")], "install imported Megatron"
@@ -149,8 +149,8 @@ def megatron_first_then_mindspeed() -> None:
     import rr_megatron_compat as rmc
     import rr_npu
     from rr_core import ReplayController
-    from rr_fakes.megatron import TinyGPTConfig, build_gpt, model_parallel
-    from rr_fakes.mindspeed_emu import emulated_mindspeed
+    from rr_fakes.emulations.mindspeed import emulated_mindspeed
+    from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, model_parallel
 
     with model_parallel():  # imports Megatron (and binds jit_fuser = torch.compile)
         for name in ("models.gpt.gpt_layer_specs", "models.gpt.gpt_model"):  # all of what builds

@@ -67,7 +67,7 @@ def _gather_on_rank() -> dict[str, Any]:
 
 
 def test_two_process_gloo_gather_is_exact_as_uint8_views() -> None:
-    from rr_fakes.megatron import launch
+    from rr_fakes.shims.megatron import launch
 
     results = launch(_gather_on_rank, 2)
     for rank, result in enumerate(results):

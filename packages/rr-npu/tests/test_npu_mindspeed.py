@@ -27,7 +27,7 @@ import pytest
 import rr_megatron_compat as rmc
 import rr_npu
 from rr_core.patching import raw_attribute
-from rr_fakes.mindspeed_emu import Feature
+from rr_fakes.emulations.mindspeed import Feature
 from rr_npu_testing import mindspeed_unavailable, round_trip, run_script
 
 REASON = mindspeed_unavailable()
@@ -70,8 +70,8 @@ def mindspeed(*, wrappers: tuple[str, ...] = (ROUTING,), **kwargs: Any) -> Itera
     """The emulation of this line without its pre-patches; ``wrappers`` get a pass-through
     registered (on ``TopKRouter.routing`` by default: an attribute rr hooks, so a repatch
     really drops rr's proxy)."""
-    from rr_fakes.megatron import model_parallel
-    from rr_fakes.mindspeed_emu import emulated_mindspeed
+    from rr_fakes.emulations.mindspeed import emulated_mindspeed
+    from rr_fakes.shims.megatron import model_parallel
 
     import_adaptor = kwargs.pop("import_adaptor", True)
     with model_parallel(), emulated_mindspeed(pre_patches=False, **kwargs) as ms:
@@ -232,7 +232,7 @@ def test_tp_extend_ep_on_012_with_aux_loss_replays_exactly_and_none_is_refused_a
         layer = _mod("transformer.moe.moe_layer").MoELayer
         assert layer.__name__ == "MindSpeedAlltoAllSEQTptoEpMoELayer"
         from rr_core import ReplayController
-        from rr_fakes.megatron import TinyGPTConfig, build_gpt
+        from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt
 
         none = {**rmc.replay_config_fields(), **seq, "moe_router_load_balancing_type": "none"}
         model = build_gpt(TinyGPTConfig(extra=none))

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
 class TestMindSpeedAdapter(AdapterContract):
     @pytest.fixture
     def case(self) -> Iterator[ProtocolCase]:
-        from rr_fakes.megatron import TinyGPTConfig, build_gpt, model_parallel
+        from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, model_parallel
 
         with model_parallel():
             try:

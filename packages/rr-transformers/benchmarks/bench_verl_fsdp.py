@@ -22,9 +22,9 @@ import torch
 import rr_transformers
 import rr_transformers.verl as rr_verl
 from rr_fakes import distinct_ids
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, VOCAB
-from rr_fakes.verl._batch import run_step, verl_batch
-from rr_fakes.verl._fsdp import fsdp_cpu, fsdp_engine
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, VOCAB
+from rr_fakes.shims.verl._batch import run_step, verl_batch
+from rr_fakes.shims.verl._fsdp import fsdp_cpu, fsdp_engine
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from torch.utils.checkpoint import CheckpointError
 import rr_transformers
 from _helpers import FAMILIES, expert_inputs, same_sets
 from rr_core import ReplayController, ReplayMode, StepReport
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, perturb_routers, routers_of, tiny_model
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, perturb_routers, routers_of, tiny_model
 
 pytestmark = [
     pytest.mark.usefixtures("hooks"),

@@ -1,6 +1,6 @@
 """Record -> replay exactness on a real tiny model of every family the installed release has.
 
-Each test builds the model from a config object (rr_fakes.hf_models), so it runs the family's
+Each test builds the model from a config object (rr_fakes.shims.hf_models), so it runs the family's
 own modeling code: its router, its MoE block, its experts.
 """
 
@@ -14,7 +14,7 @@ import torch
 import rr_transformers
 from _helpers import FAMILIES, expert_inputs, reference_weights, router_inputs, routers, same_sets
 from rr_core import ReplayController, ReplayMode
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, perturb_routers, tiny_model
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, perturb_routers, tiny_model
 
 pytestmark = pytest.mark.usefixtures("hooks")
 

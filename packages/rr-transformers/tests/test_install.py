@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import rr_transformers
 from _helpers import FAMILIES, VERSION
 from rr_core import ReplayController, WalkError
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_model
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, tiny_model
 from rr_transformers import KNOWN_FAMILIES, RouterHookError, RouterTopkProxy
 
 

@@ -11,7 +11,7 @@ from packaging.version import Version
 import rr_transformers
 from _helpers import VERSION, expert_inputs, reference_weights, router_inputs, routers, same_sets
 from rr_core import ReplayController, ReplayMode
-from rr_fakes.hf_models import (
+from rr_fakes.shims.hf_models import (
     FAMILY_CONFIGS,
     NUM_EXPERTS,
     TOP_K,

@@ -21,7 +21,7 @@ pytest.importorskip("transformers", reason="the models are transformers models")
 
 import rr_transformers
 from rr_core import ReplayController, ReplayMode, RouteBatch, RouteMeta
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, VOCAB, tiny_model
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, VOCAB, tiny_model
 from rr_transformers import PackedForwardError
 
 LENGTHS = (7, 5, 9)

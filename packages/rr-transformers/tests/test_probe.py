@@ -17,7 +17,7 @@ from torch import nn
 import rr_transformers
 from _helpers import FAMILIES, VERSION, routers
 from rr_core import ReplayController, ReplayMode, controller_of
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_model
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, tiny_model
 from rr_transformers import KNOWN_FAMILIES, RouterHookError, TransformersVersionError, _versions
 
 pytestmark = pytest.mark.usefixtures("hooks")

@@ -28,8 +28,8 @@ from _helpers import FAMILIES, expert_inputs, routers, same_sets
 from rr_core import ReplayController, ReplayMode, RouteBatch, RouteMeta, TopK
 from rr_core.replay.topk import is_topk_set_T
 from rr_fakes import RolloutEmulator
-from rr_fakes.engines import VllmEra
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_model
+from rr_fakes.emulations.engines import VllmEra
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, tiny_model
 
 pytestmark = pytest.mark.usefixtures("hooks")
 

@@ -12,7 +12,7 @@ from torch import nn
 import rr_transformers
 from _helpers import FAMILIES
 from rr_core import ReplayController, ReplayError, ReplayMode, WalkError
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_config, tiny_model
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, tiny_config, tiny_model
 from rr_transformers import TransformersVersionError, UnknownFamilyError
 from rr_transformers._versions import check_transformers_version
 

@@ -10,7 +10,7 @@ import pytest
 
 import rr_transformers
 from rr_fakes.adapter_protocol import AdapterContract, ProtocolCase
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_model
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, tiny_model
 
 
 class TestTransformersAdapter(AdapterContract):

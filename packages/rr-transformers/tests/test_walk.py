@@ -12,7 +12,7 @@ from torch import nn
 import rr_transformers
 from _helpers import FAMILIES, expert_inputs, same_sets
 from rr_core import ReplayController, ReplayMode
-from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, tiny_config, tiny_model
+from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, tiny_config, tiny_model
 
 pytestmark = pytest.mark.usefixtures("hooks")
 

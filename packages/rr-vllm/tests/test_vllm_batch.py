@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rr_core import RouteBatch, RouteMeta
-from rr_fakes.engines import Faults, VllmEra
+from rr_fakes.emulations.engines import Faults, VllmEra
 from rr_vllm import decode_vllm_batch, decode_vllm_output, validate_samples
 from rr_vllm.options import compact_dtype
 from rr_vllm.vllm.decode import _direct, read_request

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from rr_core import RouteMeta
-from rr_fakes.engines import BlockObjectStoreError
+from rr_fakes.emulations.engines import BlockObjectStoreError
 from rr_vllm import (
     CaptureError,
     EngineOutputError,

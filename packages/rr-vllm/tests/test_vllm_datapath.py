@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rr_core import AlignmentError, RouteMeta, RouteValidationError, align_routes
-from rr_fakes.engines import Faults, VllmEra, vllm_request_output
+from rr_fakes.emulations.engines import Faults, VllmEra, vllm_request_output
 from rr_vllm import (
     EngineOutputError,
     decode_routes_array,

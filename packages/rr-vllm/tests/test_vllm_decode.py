@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rr_core import AlignmentError, RouteBatch, RouteMeta, RouteValidationError
-from rr_fakes.engines import (
+from rr_fakes.emulations.engines import (
     CompletionOutput,
     Faults,
     VllmEra,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rr_core import RouteValidationError, RRError
-from rr_fakes.engines import (
+from rr_fakes.emulations.engines import (
     r3v1_payload,
     sglang_openai_response,
     sglang_openai_stream,

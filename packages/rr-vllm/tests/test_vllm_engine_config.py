@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from rr_core import load_routes, read_header, save_routes
-from rr_fakes.engines import sglang_response, sglang_server_info, vllm_request_output
-from rr_fakes.engines._stream import vllm_generate_stream
+from rr_fakes.emulations.engines import sglang_response, sglang_server_info, vllm_request_output
+from rr_fakes.emulations.engines._stream import vllm_generate_stream
 from rr_vllm import (
     CaptureError,
     DecodeOptions,
@@ -361,7 +361,7 @@ def test_capture_helpers_refuse_a_corrupting_configuration_before_any_request() 
 def test_sglang_streams_of_a_decode_replica_are_never_merged() -> None:
     """SGLang's PD path splices the prefill rows into non-streamed answers only (#22916):
     prompt_rows_merged=True lets the non-streamed answer through, never the streamed one."""
-    from rr_fakes.engines._wire import sglang_openai_stream
+    from rr_fakes.emulations.engines._wire import sglang_openai_stream
     from rr_vllm import decode_sglang_stream
 
     routes = distinct_routes(META, P + G - 1, seed=11)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from rr_core import RouteMeta
-from rr_fakes.engines import (
+from rr_fakes.emulations.engines import (
     decode_npy_base64,
     openai_stream,
     vllm_generate_response,

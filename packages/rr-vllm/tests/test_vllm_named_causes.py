@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rr_fakes.engines import vllm_request_output
+from rr_fakes.emulations.engines import vllm_request_output
 from rr_vllm import CaptureError, EngineOutputError, decode_vllm_batch, decode_vllm_output
 from rr_vllm.releases import sglang_flags
 from vllm_testing import META, distinct_routes

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rr_fakes.engines import (
+from rr_fakes.emulations.engines import (
     sglang_server_info,
     vllm_generate_stream,
     vllm_http_response,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rr_core import AlignmentError
-from rr_fakes.engines import sglang_response, vllm_http_response, vllm_request_output
+from rr_fakes.emulations.engines import sglang_response, vllm_http_response, vllm_request_output
 from rr_vllm import (
     DecodeOptions,
     DecodeOptionsError,

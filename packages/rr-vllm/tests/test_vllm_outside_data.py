@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from rr_core import RouteBatch, RRError
-from rr_fakes.engines import VllmEra, sglang_response, vllm_http_response
+from rr_fakes.emulations.engines import VllmEra, sglang_response, vllm_http_response
 from rr_vllm import (
     EngineOutputError,
     VerlRoutes,

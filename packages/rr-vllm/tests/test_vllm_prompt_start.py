@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rr_core import AlignmentError
-from rr_fakes.engines import EngineDeadError, vllm_request_output
+from rr_fakes.emulations.engines import EngineDeadError, vllm_request_output
 from rr_vllm import (
     CaptureError,
     decode_vllm_batch,

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rr_core import RRError
-from rr_fakes.engines import r3v1_payload, r3v1_raw, r3v1_wrap
+from rr_fakes.emulations.engines import r3v1_payload, r3v1_raw, r3v1_wrap
 from rr_vllm import EngineOutputError, decode_r3v1, read_r3v1_header, validate_samples
 from rr_vllm._supported import R3V1_EXTRA
 from vllm_testing import META, distinct_routes, make_meta

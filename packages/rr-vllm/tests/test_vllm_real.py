@@ -16,7 +16,7 @@ import pytest
 outputs = pytest.importorskip("vllm.outputs", reason="vllm is not installed")
 vllm = importlib.import_module("vllm")
 
-from rr_fakes.engines import VllmEra, vllm_http_response  # noqa: E402
+from rr_fakes.emulations.engines import VllmEra, vllm_http_response  # noqa: E402
 from rr_vllm import (  # noqa: E402
     ModelGeometry,
     RouteStoreEvictedError,

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rr_core import AlignmentError, RouteMeta
-from rr_fakes.engines import Faults, sglang_response
-from rr_fakes.engines._wire import sglang_openai_response, sglang_openai_stream
+from rr_fakes.emulations.engines import Faults, sglang_response
+from rr_fakes.emulations.engines._wire import sglang_openai_response, sglang_openai_stream
 from rr_fakes.pins import TESTED_SGLANG
 from rr_vllm import (
     CaptureError,

@@ -54,8 +54,8 @@ def _load_protocol() -> Any:
 
 protocol = _load_protocol()
 
-from rr_fakes.engines import sglang_response  # noqa: E402
-from rr_fakes.engines._wire import sglang_openai_response, sglang_openai_stream  # noqa: E402
+from rr_fakes.emulations.engines import sglang_response  # noqa: E402
+from rr_fakes.emulations.engines._wire import sglang_openai_response, sglang_openai_stream  # noqa: E402
 from rr_vllm import (  # noqa: E402
     decode_sglang,
     decode_sglang_openai,
@@ -336,7 +336,7 @@ def _server_args_fields() -> dict[str, Any]:
 
 
 def test_server_args_fields_rr_reads_exist_with_the_emulated_defaults() -> None:
-    from rr_fakes.engines import SERVER_FIELDS, sglang_server_info
+    from rr_fakes.emulations.engines import SERVER_FIELDS, sglang_server_info
     from rr_vllm import CaptureError, sglang_engine_config
 
     fields = _server_args_fields()

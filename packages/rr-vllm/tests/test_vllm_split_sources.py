@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rr_fakes.engines import sglang_server_info, vllm_http_response, vllm_request_output
+from rr_fakes.emulations.engines import sglang_server_info, vllm_http_response, vllm_request_output
 from rr_vllm import (
     CaptureError,
     EngineOutputError,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rr_fakes.engines import Faults, openai_stream, vllm_generate_stream
+from rr_fakes.emulations.engines import Faults, openai_stream, vllm_generate_stream
 from rr_vllm import EngineOutputError, RouteStoreEvictedError, decode_vllm_stream
 from vllm_testing import META, streamed_output
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rr_fakes.engines import vllm_generate_response, vllm_generate_stream
+from rr_fakes.emulations.engines import vllm_generate_response, vllm_generate_stream
 from rr_vllm import EngineOutputError, decode_vllm_http, decode_vllm_stream
 from vllm_testing import META, streamed_output
 

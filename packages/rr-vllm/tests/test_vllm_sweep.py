@@ -28,7 +28,7 @@ from hypothesis.extra import numpy as hnp
 
 import rr_vllm
 from rr_core import RouteMeta
-from rr_fakes.engines import vllm_request_output
+from rr_fakes.emulations.engines import vllm_request_output
 from rr_fakes.pytest_support import settles
 from rr_fakes.sweeps import ANYTHING, JUNK, SWEEP, public_api_tests
 from rr_vllm import DecodeOptions, SampleRoutes

@@ -11,7 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rr_core import AlignmentError, RouteValidationError
-from rr_fakes.engines import TrtllmCompletionOutput, TrtllmRequestOutput, trtllm_request_output
+from rr_fakes.emulations.engines import (
+    TrtllmCompletionOutput,
+    TrtllmRequestOutput,
+    trtllm_request_output,
+)
 from rr_vllm import EngineOutputError, decode_trtllm_output, decode_trtllm_routes, validate_samples
 from vllm_testing import distinct_routes, make_meta
 

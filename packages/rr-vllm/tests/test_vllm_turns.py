@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rr_fakes.engines import encode_npy_base64, era_of, vllm_request_output
+from rr_fakes.emulations.engines import encode_npy_base64, era_of, vllm_request_output
 from rr_vllm import (
     CaptureError,
     EngineOutputError,

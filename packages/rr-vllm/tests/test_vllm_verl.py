@@ -28,7 +28,7 @@ from rr_core import (
 )
 from rr_core import bytes_per_token as codec_bytes_per_token
 from rr_core.codecs import scatter
-from rr_fakes.engines import (
+from rr_fakes.emulations.engines import (
     Faults,
     VllmEra,
     decode_sglang_routes,
@@ -36,7 +36,7 @@ from rr_fakes.engines import (
     vllm_http_response,
     vllm_request_output,
 )
-from rr_fakes.verl import agent_loop_batch, agent_loop_worker
+from rr_fakes.shims.verl import agent_loop_batch, agent_loop_worker
 from rr_vllm import (
     EngineOutputError,
     SampleRoutes,
@@ -355,7 +355,7 @@ def verl() -> SimpleNamespace:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # megatron's fallbacks without apex / TE
-            from rr_fakes.megatron import megatron_cpu
+            from rr_fakes.shims.megatron import megatron_cpu
 
             with megatron_cpu():
                 from verl.experimental.agent_loop import agent_loop

@@ -92,7 +92,7 @@ def test_without_the_arrival_side_the_trainer_sends_verls_tensor(
 
 
 def test_the_training_worker_expands_what_it_is_handed(verl: SimpleNamespace) -> None:
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
 
     with megatron_cpu():
         from verl.workers import engine_workers

@@ -19,7 +19,7 @@ import torch
 
 import rr_vllm.verl as rollout
 from rr_core import ReplayController, ReplayError
-from rr_fakes import verl as harness
+from rr_fakes.shims import verl as harness
 from rr_vllm import VerlRoutes
 from test_vllm_verl_rollout import SHAPES, outputs, rr, verl  # noqa: F401
 

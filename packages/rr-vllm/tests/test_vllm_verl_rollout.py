@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 import rr_vllm.verl as rollout
 from rr_core import CODECS, AlignmentError, ReplayController, ReplayError, RouteValidationError
-from rr_fakes import verl as harness
-from rr_fakes.engines import VllmEra, vllm_request_output
+from rr_fakes.emulations.engines import VllmEra, vllm_request_output
 from rr_fakes.pytest_support import settles
+from rr_fakes.shims import verl as harness
 from rr_fakes.sweeps import ANYTHING, SWEEP, arrays, tensors
 from rr_vllm import EngineOutputError, VerlRoutes, moe_layer_numbers, route_meta_of
 from vllm_testing import distinct_routes
@@ -42,7 +42,7 @@ def verl() -> SimpleNamespace:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # megatron's fallbacks without apex / TE
-            from rr_fakes.megatron import megatron_cpu
+            from rr_fakes.shims.megatron import megatron_cpu
 
             with megatron_cpu():
                 from verl.experimental.agent_loop import agent_loop
@@ -326,7 +326,7 @@ def test_r2_routes_beside_rollout_routes_raise(verl: SimpleNamespace, installed:
 def transformers_models() -> Any:
     try:
         import rr_transformers
-        from rr_fakes.hf_models import tiny_model
+        from rr_fakes.shims.hf_models import tiny_model
     except ImportError as e:
         pytest.skip(f"needs transformers and rr-transformers ({e})")
     return rr_transformers, tiny_model

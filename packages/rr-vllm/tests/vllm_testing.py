@@ -8,7 +8,7 @@ import numpy as np
 
 from rr_core import RouteMeta
 from rr_fakes import distinct_ids
-from rr_fakes.engines import VllmEra, vllm_request_output
+from rr_fakes.emulations.engines import VllmEra, vllm_request_output
 
 
 def make_meta(

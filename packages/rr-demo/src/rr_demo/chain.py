@@ -124,7 +124,7 @@ class Trainer(Protocol):
 
 
 #: ``open_trainer(checkpoint)``: the trainer on a checkpoint's weights, or on the config's own
-#: model where ``checkpoint`` is None (an ``rr_fakes.hf_checkpoints.HFCheckpoint`` otherwise).
+#: model where ``checkpoint`` is None (an ``rr_fakes.shims.hf_checkpoints.HFCheckpoint`` otherwise).
 OpenTrainer = Callable[[Any], AbstractContextManager[Trainer]]
 
 
@@ -269,7 +269,7 @@ def _sequences(out: EngineOutput) -> list[tuple[list[int], list[int]]]:
 
 def padded_batch(out: EngineOutput, batch: RouteBatch) -> Padded:
     """The trainer's micro-batch of the engine's completions and their decoded routes."""
-    from rr_fakes.hf_models import right_padded
+    from rr_fakes.shims.hf_models import right_padded
 
     tokens = [prompt + generated for prompt, generated in _sequences(out)]
     ids_BS, mask_BS = right_padded(tokens)

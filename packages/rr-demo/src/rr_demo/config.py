@@ -87,7 +87,7 @@ class DemoConfig(Sampling):
 @dataclass(frozen=True, kw_only=True)
 class TransformersDemoConfig(Sampling):
     """transformers: a tiny random-initialised model of ``family`` (a model_type of
-    ``rr_fakes.hf_models.FAMILY_CONFIGS``); its routers score in the family's own units
+    ``rr_fakes.shims.hf_models.FAMILY_CONFIGS``); its routers score in the family's own units
     (probabilities, sigmoid scores or logits), so the engine noise is larger."""
 
     backend: ClassVar[str] = "transformers"

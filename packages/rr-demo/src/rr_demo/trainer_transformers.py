@@ -1,5 +1,5 @@
 """The transformers trainer: a tiny transformers MoE model of a family rr knows (random
-initialised by ``rr_fakes.hf_models``, no download, or the real engine's checkpoint loaded
+initialised by ``rr_fakes.shims.hf_models``, no download, or the real engine's checkpoint loaded
 with ``from_pretrained``), replayed as a transformers user replays: ``rr_transformers.install``
 and ``attach``, the decoded batch armed with ``rr_transformers.arm_routes`` (the padded batch
 row by row), the training step's forward inside ``controller.microbatch(0)`` with its loss
@@ -30,10 +30,10 @@ class UnknownDemoFamilyError(DemoError, ValueError):
 
 
 def demo_families() -> tuple[str, ...]:
-    """The families the demo can build (those of ``rr_fakes.hf_models`` that rr_transformers
+    """The families the demo can build (those of ``rr_fakes.shims.hf_models`` that rr_transformers
     knows and the installed transformers has)."""
     import rr_transformers
-    from rr_fakes.hf_models import FAMILY_CONFIGS
+    from rr_fakes.shims.hf_models import FAMILY_CONFIGS
 
     version = rr_transformers.installed_transformers_version()
     if version is None:
@@ -48,9 +48,9 @@ def open_trainer(
 ) -> Iterator[TransformersTrainer]:
     """Build the model with rr's router hooks installed (removed afterwards unless they were
     installed before): a random tiny model of the family, or ``checkpoint`` (an
-    ``rr_fakes.hf_checkpoints.HFCheckpoint``) loaded with ``from_pretrained`` in float32."""
+    ``rr_fakes.shims.hf_checkpoints.HFCheckpoint``) loaded with ``from_pretrained`` in float32."""
     import rr_transformers
-    from rr_fakes.hf_models import tiny_model
+    from rr_fakes.shims.hf_models import tiny_model
 
     families = demo_families()
     if cfg.family not in families:

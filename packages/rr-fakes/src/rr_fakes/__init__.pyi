@@ -42,7 +42,7 @@ from ._tiny_moe import (
     TinyRouter as TinyRouter,
     build_tiny_moe as build_tiny_moe,
 )
-from ._torch_npu import (
+from .emulations.torch_npu import (
     HCCL_COLLECTIVE_DTYPES as HCCL_COLLECTIVE_DTYPES,
     EmulatedTorchNpu as EmulatedTorchNpu,
     FakeNpuModule as FakeNpuModule,
@@ -52,14 +52,14 @@ from ._torch_npu import (
     emulated_torch_npu as emulated_torch_npu,
     ensure_npu_backend_name as ensure_npu_backend_name,
 )
-from .engines import (
+from .emulations.engines import (
     Faults as Faults,
     VllmEra as VllmEra,
     sglang_response as sglang_response,
     vllm_http_response as vllm_http_response,
     vllm_request_output as vllm_request_output,
 )
-from .mindspeed_emu import (
+from .emulations.mindspeed import (
     EmulatedMindSpeed as EmulatedMindSpeed,
     PatchManager as PatchManager,
     emulated_mindspeed as emulated_mindspeed,

@@ -28,7 +28,13 @@ import torch
 from torch import nn
 
 from rr_core import ReplayController, ReplayMode, TopK
-from rr_fakes.engines import NO_FAULTS, Faults, VllmEra, sglang_response, vllm_request_output
+from rr_fakes.emulations.engines import (
+    NO_FAULTS,
+    Faults,
+    VllmEra,
+    sglang_response,
+    vllm_request_output,
+)
 
 ForwardFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 AttachFn = Callable[[ReplayController, nn.Module], tuple[int, ...]]

@@ -7,7 +7,7 @@ dependency. The supported ranges and the features rr's hooks act on are each ada
 
 # --- megatron-core (the megatron, distributed and npu sessions; the line under verl, bridge) ---
 
-#: What the CPU harness (rr_fakes.megatron) shims or passes per line, as version specifiers.
+#: What the CPU harness (rr_fakes.shims.megatron) shims or passes per line, as version specifiers.
 HARNESS_FEATURES: dict[str, str] = {
     # moe_utils binds te_general_gemm only when Transformer Engine imports, so the router's
     # gating raises NameError without TE.

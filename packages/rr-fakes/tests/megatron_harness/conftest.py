@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rr_fakes.megatron import unavailable_reason
 from rr_fakes.pytest_support import skip_folder
+from rr_fakes.shims.megatron import unavailable_reason
 
 HERE = Path(__file__).parent
 

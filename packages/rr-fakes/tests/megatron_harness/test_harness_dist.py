@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 
 from rr_core import walk_routers
-from rr_fakes.megatron import (
+from rr_fakes.shims.megatron import (
     ParallelSizes,
     RankFailedError,
     TinyGPTConfig,
@@ -134,7 +134,7 @@ def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_tried_again(
     it (EADDRINUSE): the launch runs again on another port instead of failing the test."""
     import socket
 
-    from rr_fakes.megatron import _dist, _launch
+    from rr_fakes.shims.megatron import _dist, _launch
 
     taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     taken.bind(("127.0.0.1", 0))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rr_core import walk_routers
-from rr_fakes.megatron import TinyGPTConfig, build_gpt, gpt_inputs, model_parallel, train_step
+from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, gpt_inputs, model_parallel, train_step
 
 
 def routers_by_layer(model: nn.Module) -> list[int]:

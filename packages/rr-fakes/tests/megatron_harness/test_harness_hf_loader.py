@@ -1,4 +1,4 @@
-"""rr_fakes.megatron.hf_loader: a tiny HF MoE checkpoint loaded into a real GPTModel computes
+"""rr_fakes.hf_to_megatron: a tiny HF MoE checkpoint loaded into a real GPTModel computes
 what transformers computes on the same checkpoint: logits equal in float32 and every router
 picks the same experts for every token (padded batch of several sequences)."""
 
@@ -11,10 +11,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the checkpoints are built and read by transformers")
 
-from rr_fakes.hf_checkpoints import build_checkpoint
-from rr_fakes.hf_models import routers_of
-from rr_fakes.megatron import map_ids, model_parallel, route_log
-from rr_fakes.megatron.hf_loader import (
+from rr_fakes.hf_to_megatron import (
     HF_LOADER_FAMILIES,
     UnsupportedCheckpointError,
     build_hf_gpt,
@@ -23,6 +20,9 @@ from rr_fakes.megatron.hf_loader import (
     read_hf_config,
     read_hf_state,
 )
+from rr_fakes.shims.hf_checkpoints import build_checkpoint
+from rr_fakes.shims.hf_models import routers_of
+from rr_fakes.shims.megatron import map_ids, model_parallel, route_log
 
 B, S = 3, 40
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from packaging.version import Version
 
 from rr_fakes import pins
-from rr_fakes.megatron import MEGATRON_LINES, MEGATRON_RANGE, megatron_cpu, megatron_flags
+from rr_fakes.shims.megatron import MEGATRON_LINES, MEGATRON_RANGE, megatron_cpu, megatron_flags
 from rr_megatron_compat import SUPPORTED
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rr_fakes.megatron import unavailable_reason as megatron_reason
 from rr_fakes.pytest_support import skip_folder
-from rr_fakes.verl import unavailable_reason as verl_reason
+from rr_fakes.shims.megatron import unavailable_reason as megatron_reason
+from rr_fakes.shims.verl import unavailable_reason as verl_reason
 
 HERE = Path(__file__).parent
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from rr_fakes.megatron import ParallelSizes, launch, model_parallel
-from rr_fakes.verl import (
+from rr_fakes.shims.megatron import ParallelSizes, launch, model_parallel
+from rr_fakes.shims.verl import (
     BATCHINGS,
     LENGTHS,
     PROMPTS,
@@ -241,7 +241,7 @@ def test_readme_example_runs() -> None:
     which run ``python`` blocks on installs without verl, leave it to this one)."""
     readme = Path(__file__).parents[2] / "README.md"
     blocks = re.findall(r"```py\n(.*?)```", readme.read_text(), flags=re.DOTALL)
-    blocks = [b for b in blocks if "rr_fakes.verl" in b]
+    blocks = [b for b in blocks if "rr_fakes.shims.verl" in b]
     assert blocks, "the README has no verl example"
     for block in blocks:
         exec(compile(block, str(readme), "exec"), {"__name__": "readme"})

@@ -210,7 +210,7 @@ def test_megatron_optimizer_reads_cpu_parameters_as_their_cuda_types(
 
 
 def test_megatron_engine_builds_chunks_with_packed_sequence_attention() -> None:
-    from rr_fakes.verl import ThdCoreAttention
+    from rr_fakes.shims.verl import ThdCoreAttention
 
     layer = torch.nn.Module()
     layer.core_attention = torch.nn.Identity()

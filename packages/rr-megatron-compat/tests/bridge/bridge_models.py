@@ -1,12 +1,13 @@
 """The two Megatron-Bridge models the bridge tests build, tiny, and what the tests read off every
 router of them (live, orphan, MTP).
 
-Each is built through bridge's own random-initialisation path (``rr_fakes.megatron.bridge_shims
-.provide_model``): Qwen3-VL MoE, whose language model bridge builds twice (``Qwen3VLGPTModel``
-runs ``GPTModel.__init__``, which builds a decoder, then replaces it with its own block; the
-first block's routers stay registered in Megatron's global ``RouterReplay`` list, ahead of the
-live ones), and Qwen3.5 MoE with one MTP layer (its router is numbered 1, like the first
-decoder layer's). ``Built`` sorts a built model's routers; ``watch`` reads what each did.
+Each is built through bridge's own random-initialisation path
+(``rr_fakes.shims.megatron.bridge_shims.provide_model``): Qwen3-VL MoE, whose language model bridge
+builds twice (``Qwen3VLGPTModel`` runs ``GPTModel.__init__``, which builds a decoder, then replaces
+it with its own block; the first block's routers stay registered in Megatron's global
+``RouterReplay`` list, ahead of the live ones), and Qwen3.5 MoE with one MTP layer (its router is
+numbered 1, like the first decoder layer's). ``Built`` sorts a built model's routers; ``watch``
+reads what each did.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from torch import nn
 import rr_megatron_compat as rmc
 from rr_core import RouteMeta, controller_of, walk_routers
 from rr_fakes import RolloutEmulator, VllmEra
-from rr_fakes.megatron import map_ids
-from rr_fakes.megatron.bridge_shims import provide_model
+from rr_fakes.shims.megatron import map_ids
+from rr_fakes.shims.megatron.bridge_shims import provide_model
 
 E, K, VOCAB = 8, 2, 128
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rr_fakes.megatron.bridge_shims import unavailable_reason
 from rr_fakes.pytest_support import skip_folder
+from rr_fakes.shims.megatron.bridge_shims import unavailable_reason
 
 HERE = Path(__file__).parent
 
@@ -23,8 +23,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def bridge() -> Iterator[None]:
     """Megatron's parallel state and bridge's CPU shims, for one test; Megatron's global
     RouterReplay list as it was on entry afterwards (each build appends to it)."""
-    from rr_fakes.megatron import model_parallel
-    from rr_fakes.megatron.bridge_shims import bridge_cpu
+    from rr_fakes.shims.megatron import model_parallel
+    from rr_fakes.shims.megatron.bridge_shims import bridge_cpu
 
     with model_parallel(), bridge_cpu():
         from megatron.core.transformer.moe.router_replay import RouterReplay

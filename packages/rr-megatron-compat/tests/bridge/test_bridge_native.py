@@ -31,7 +31,7 @@ from bridge_models import (
 
 import rr_megatron_compat as rmc
 from rr_core import ReplayController, ReplayMode
-from rr_fakes.megatron import RECOMPUTE, gpt_inputs, route_log, train_step
+from rr_fakes.shims.megatron import RECOMPUTE, gpt_inputs, route_log, train_step
 
 
 @pytest.fixture

@@ -21,12 +21,12 @@ TIMEOUT_S = 300  # hard limit per launch; a loaded machine is slow, a hang is no
 PP_FREQ = [1, 0, 1, 1]  # PP=2: stage 0 holds MoE layer 1, stage 1 MoE layers 3 and 4
 VPP_FREQ = [0, 1, 1, 0, 1, 0, 1, 1]  # PP=2 x VPP=2: MoE layers 2, 3, 5, 7, 8 over 4 chunks
 
-launch = pytest.importorskip("rr_fakes.megatron").launch
+launch = pytest.importorskip("rr_fakes.shims.megatron").launch
 
 
 def megatron_available() -> bool:
     """Checked when a test runs, not at import: spawned ranks re-import this module."""
-    from rr_fakes.megatron import unavailable_reason
+    from rr_fakes.shims.megatron import unavailable_reason
 
     return unavailable_reason() is None
 
@@ -44,7 +44,7 @@ def build_chunks(recompute: bool = False, **kw: Any) -> list[torch.nn.Module]:
     """This rank's model chunks with the replay flag set on the config where the line has one
     (what ``enable_replay`` does)."""
     import rr_megatron_compat as rmc
-    from rr_fakes.megatron import RECOMPUTE, TinyGPTConfig, build_gpt_chunks
+    from rr_fakes.shims.megatron import RECOMPUTE, TinyGPTConfig, build_gpt_chunks
 
     extra = dict(kw.pop("extra", {}))
     if recompute:
@@ -62,7 +62,7 @@ def copy_weights(source: Sequence[torch.nn.Module], target: Sequence[torch.nn.Mo
 
 
 def microbatches(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    from rr_fakes.megatron import gpt_inputs
+    from rr_fakes.shims.megatron import gpt_inputs
 
     return [gpt_inputs(BATCH, SEQ, VOCAB, seed=seed + i) for i in range(n)]
 
@@ -74,7 +74,7 @@ def run_step(
 ) -> list[float]:
     """Megatron's forward-backward schedule for this layout (1F1B, or interleaved with VPP);
     each forward runs inside ``controller.microbatch(mb)`` with its output tracked."""
-    from rr_fakes.megatron import train_step
+    from rr_fakes.shims.megatron import train_step
 
     return train_step(chunks, batches, controller)
 
@@ -86,7 +86,7 @@ def capture_ids(
     """Per layer, the expert ids of every routing map its router returned, in call order: under
     ``forward`` for forwards, ``recompute`` for Megatron's recompute inside backward. Per layer
     both come in micro-batch order (the schedules run each chunk's micro-batches in order)."""
-    from rr_fakes.megatron import route_log
+    from rr_fakes.shims.megatron import route_log
 
     seen: dict[str, dict[int, list[list[list[int]]]]] = {}
     with route_log(chunks) as log:
@@ -194,7 +194,7 @@ def pp_r3_rank() -> dict[str, Any]:
 
 
 def test_A3_pp2_1f1b_r3_replay_across_stages_yields_the_armed_ids() -> None:
-    from rr_fakes.megatron import ParallelSizes
+    from rr_fakes.shims.megatron import ParallelSizes
 
     results = launch(pp_r3_rank, 2, sizes=ParallelSizes(pp=2), timeout_s=TIMEOUT_S)
     first, last = results
@@ -276,7 +276,7 @@ def ep_duplicates_rank() -> dict[str, Any]:
 
 
 def test_C1_ep2_alltoall_replays_duplicate_ids_like_allgather_and_validate_refuses() -> None:
-    from rr_fakes.megatron import ParallelSizes
+    from rr_fakes.shims.megatron import ParallelSizes
 
     results = launch(ep_duplicates_rank, 2, sizes=ParallelSizes(ep=2), timeout_s=TIMEOUT_S)
     for result in results:
@@ -358,7 +358,7 @@ def vpp_recompute_rank() -> dict[str, Any]:
 
 
 def test_B1_A3_vpp2_interleaved_recompute_replays_each_microbatch_own_targets() -> None:
-    from rr_fakes.megatron import ParallelSizes
+    from rr_fakes.shims.megatron import ParallelSizes
 
     results = launch(vpp_recompute_rank, 2, sizes=ParallelSizes(pp=2, vpp=2), timeout_s=TIMEOUT_S)
     assert [r["rank_layers"] for r in results] == [(2, 5), (3, 7, 8)]

@@ -16,11 +16,11 @@ TIMEOUT_S = 300
 
 
 def _reason() -> str | None:
-    from rr_fakes.megatron import unavailable_reason
+    from rr_fakes.shims.megatron import unavailable_reason
 
     reason = unavailable_reason()
     if reason is None:
-        from rr_fakes.verl import unavailable_reason as verl_reason
+        from rr_fakes.shims.verl import unavailable_reason as verl_reason
 
         reason = verl_reason()
     return reason
@@ -41,8 +41,8 @@ def _switch() -> tuple[Any, Any]:
 
 @pytest.mark.parametrize("recompute", [False, True])
 def test_R2_pp2_1f1b_through_verls_engine_with_rr(recompute: bool) -> None:
-    from rr_fakes.megatron import ParallelSizes, launch
-    from rr_fakes.verl import pipeline_r2_rank
+    from rr_fakes.shims.megatron import ParallelSizes, launch
+    from rr_fakes.shims.verl import pipeline_r2_rank
 
     results = launch(
         pipeline_r2_rank, 2, 4, recompute, _switch(), sizes=ParallelSizes(pp=2), timeout_s=TIMEOUT_S
@@ -51,8 +51,8 @@ def test_R2_pp2_1f1b_through_verls_engine_with_rr(recompute: bool) -> None:
 
 
 def test_R2_pp2_vpp2_interleaved_through_verls_engine_with_rr() -> None:
-    from rr_fakes.megatron import ParallelSizes, launch
-    from rr_fakes.verl import pipeline_r2_rank
+    from rr_fakes.shims.megatron import ParallelSizes, launch
+    from rr_fakes.shims.verl import pipeline_r2_rank
 
     results = launch(
         pipeline_r2_rank,
@@ -73,7 +73,7 @@ def dynamic_cp_rank(local_cp_size: int) -> tuple[bool, bool, int]:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
     from rr_megatron_compat.verl._rows import from_router_rows, to_router_rows
 
     with megatron_cpu():
@@ -109,7 +109,7 @@ def dynamic_cp_rank(local_cp_size: int) -> tuple[bool, bool, int]:
 
 @pytest.mark.parametrize("local_cp_size", [1, 2])
 def test_dynamic_cp_rows_equal_verls_packing_and_gather_back(local_cp_size: int) -> None:
-    from rr_fakes.megatron import ParallelSizes, launch
+    from rr_fakes.shims.megatron import ParallelSizes, launch
 
     results = launch(dynamic_cp_rank, 2, local_cp_size, sizes=ParallelSizes(), timeout_s=TIMEOUT_S)
     assert all(same and restored for same, restored, _ in results)
@@ -119,7 +119,7 @@ def test_dynamic_cp_rows_equal_verls_packing_and_gather_back(local_cp_size: int)
 
 
 def test_dynamic_cp_without_megatrons_groups_raises_naming_them() -> None:
-    from rr_fakes.megatron import model_parallel
+    from rr_fakes.shims.megatron import model_parallel
     from rr_megatron_compat import ReplayConfigError
     from rr_megatron_compat.verl._rows import to_router_rows
 
@@ -142,7 +142,7 @@ def duck_pp_gather_rank() -> tuple[list[Any], list[Any], bool]:
     import torch.distributed as dist
 
     import rr_megatron_compat.verl as rv
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
 
     with megatron_cpu():
         rank = dist.get_rank()
@@ -159,7 +159,7 @@ def duck_pp_gather_rank() -> tuple[list[Any], list[Any], bool]:
 
 
 def test_pp_gather_with_only_the_pipeline_fields_concatenates_in_rank_order() -> None:
-    from rr_fakes.megatron import ParallelSizes, launch
+    from rr_fakes.shims.megatron import ParallelSizes, launch
 
     results = launch(duck_pp_gather_rank, 2, sizes=ParallelSizes(pp=2), timeout_s=TIMEOUT_S)
     for layers, dtypes, same in results:

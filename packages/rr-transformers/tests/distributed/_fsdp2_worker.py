@@ -40,7 +40,7 @@ def rollout_batch(model_type: str, rank: int) -> tuple[Any, torch.Tensor, torch.
     import rr_transformers
     from rr_core import RouteMeta
     from rr_fakes import RolloutEmulator
-    from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, right_padded, tiny_model
+    from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, right_padded, tiny_model
     from rr_vllm import DecodeOptions, decode_vllm_output
 
     engine = tiny_model(model_type)  # the inference engine's own copy of the weights
@@ -85,7 +85,7 @@ def fsdp2_r3_step(model_type: str) -> dict[str, Any]:
     import rr_transformers
     from _helpers import expert_inputs
     from rr_core import ReplayController, ReplayMode
-    from rr_fakes.hf_models import NUM_EXPERTS, TOP_K, routers_of, tiny_model
+    from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, routers_of, tiny_model
 
     rank = dist.get_rank()
     rr_transformers.install()

@@ -15,7 +15,7 @@ import pytest
 from _fsdp2_worker import fsdp2_r3_steps
 
 from _helpers import FAMILIES
-from rr_fakes.megatron import launch
+from rr_fakes.shims.megatron import launch
 
 WORLD_SIZE = 2
 MODEL_TYPES = tuple(f for f in ("qwen3_moe", "deepseek_v3") if f in FAMILIES)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rr_fakes.hf_checkpoints import set_vllm_cpu_env
+from rr_fakes.shims.hf_checkpoints import set_vllm_cpu_env
 
 set_vllm_cpu_env()  # before vllm is imported
 sys.path.insert(0, str(Path(__file__).parent))  # grpo_runs, beside the tests

@@ -1,5 +1,5 @@
 """Short real GRPO runs: TRL's own GRPOTrainer, rolling out on vLLM's CPU build in colocate
-mode, on tiny checkpoints built here (rr_fakes.hf_checkpoints), with rr replaying or not.
+mode, on tiny checkpoints built here (rr_fakes.shims.hf_checkpoints), with rr replaying or not.
 
 What runs for real: TRL 1.16's trainer loop (generation, shuffle, split, buffering, the
 checkpointed training forward, the optimizer), vLLM's engine and its weight sync through
@@ -23,7 +23,7 @@ import wrapt
 from torch import nn
 
 import rr_transformers.trl
-from rr_fakes.hf_checkpoints import HFCheckpoint, build_checkpoint, prompt_text
+from rr_fakes.shims.hf_checkpoints import HFCheckpoint, build_checkpoint, prompt_text
 from rr_fakes.shims.vllm_cpu import keep_weights_loadable
 from rr_transformers.trl import ROUTES_KEY, RowRoutes
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rr_fakes.hf_checkpoints import set_vllm_cpu_env
+from rr_fakes.shims.hf_checkpoints import set_vllm_cpu_env
 
 # Before vllm is imported; the engine core in this process makes one engine at a time simply
 # the one object alive.

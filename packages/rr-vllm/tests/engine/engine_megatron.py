@@ -1,4 +1,4 @@
-"""R3 on the real engine into Megatron, shared by the GPTModel that ``rr_fakes.megatron.hf_loader``
+"""R3 on the real engine into Megatron, shared by the GPTModel that ``rr_fakes.hf_to_megatron``
 loads and the one Megatron-Bridge converts: rr_vllm decodes a vLLM rollout, and the same
 checkpoint as a float32 megatron-core GPTModel replays it through rr's public API
 (``rr_megatron_compat``: install, attach, ``batch_to_router_rows``, the controller armed with a
@@ -30,8 +30,8 @@ from engine_rollouts import (
 
 import rr_megatron_compat as rmc
 from rr_core import ReplayController, ReplayMode
-from rr_fakes.hf_checkpoints import HFCheckpoint
-from rr_fakes.megatron import map_ids, model_parallel, route_log
+from rr_fakes.shims.hf_checkpoints import HFCheckpoint
+from rr_fakes.shims.megatron import map_ids, model_parallel, route_log
 
 #: A GPTModel of a checkpoint, built with the given TransformerConfig fields (replay's).
 Build = Callable[[HFCheckpoint, Mapping[str, Any]], Any]
@@ -39,8 +39,8 @@ ROWS: list[dict[str, Any]] = []
 
 
 def rr_loader(checkpoint: HFCheckpoint, fields: Mapping[str, Any]) -> Any:
-    """The GPTModel ``rr_fakes.megatron.hf_loader`` loads."""
-    from rr_fakes.megatron.hf_loader import build_hf_gpt
+    """The GPTModel ``rr_fakes.hf_to_megatron`` loads."""
+    from rr_fakes.hf_to_megatron import build_hf_gpt
 
     model, spec = build_hf_gpt(checkpoint.path, extra=fields)
     assert spec.moe_layer_numbers == checkpoint.moe_layer_numbers
@@ -49,9 +49,9 @@ def rr_loader(checkpoint: HFCheckpoint, fields: Mapping[str, Any]) -> Any:
 
 def bridge(checkpoint: HFCheckpoint, fields: Mapping[str, Any]) -> Any:
     """The GPTModel Megatron-Bridge converts the checkpoint into (its conversion of the
-    family, ``rr_fakes.megatron.bridge_hf``)."""
-    from rr_fakes.megatron.bridge_hf import BRIDGE_FAMILIES, convert_hf_checkpoint
-    from rr_fakes.megatron.bridge_shims import bridge_cpu
+    family, ``rr_fakes.hf_to_megatron``)."""
+    from rr_fakes.hf_to_megatron import BRIDGE_FAMILIES, convert_hf_checkpoint
+    from rr_fakes.shims.megatron.bridge_shims import bridge_cpu
 
     with bridge_cpu():
         return convert_hf_checkpoint(checkpoint.path, BRIDGE_FAMILIES[checkpoint.family], fields)

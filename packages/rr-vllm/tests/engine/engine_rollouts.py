@@ -42,8 +42,8 @@ import torch
 
 import rr_transformers
 from rr_core import ReplayController, ReplayMode, RouteBatch, TopK
-from rr_fakes.hf_checkpoints import HFCheckpoint, build_checkpoint
-from rr_fakes.hf_models import right_padded
+from rr_fakes.shims.hf_checkpoints import HFCheckpoint, build_checkpoint
+from rr_fakes.shims.hf_models import right_padded
 from rr_vllm import ModelGeometry, decode_vllm_batch, vllm_engine_args, vllm_sampling_fields
 
 MAX_MODEL_LEN = 256

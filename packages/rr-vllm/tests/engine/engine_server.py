@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from rr_fakes.hf_checkpoints import MODEL_RUNNER_VARIABLE, vllm_cpu_env
+from rr_fakes.shims.hf_checkpoints import MODEL_RUNNER_VARIABLE, vllm_cpu_env
 
 HOST = "127.0.0.1"
 #: A chat template that joins the messages' contents: the tiny checkpoints' word-level tokenizer

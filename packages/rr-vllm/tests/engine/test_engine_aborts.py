@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from engine_rollouts import MAX_MODEL_LEN
 
-from rr_fakes.hf_checkpoints import build_checkpoint
+from rr_fakes.shims.hf_checkpoints import build_checkpoint
 from rr_vllm import (
     EngineOutputError,
     ModelGeometry,

@@ -1,5 +1,5 @@
 """R3 on the real engine into the GPTModel Megatron-Bridge converts the engine's checkpoint into
-(``AutoBridge.from_hf_pretrained``, bridge's own weight mapping: ``rr_fakes.megatron.bridge_hf``),
+(``AutoBridge.from_hf_pretrained``, bridge's own weight mapping: ``rr_fakes.hf_to_megatron``),
 for each family bridge converts (``BRIDGE_FAMILIES``: its checkpoint, where bridge needs one
 shaped as the family's releases are, is rolled out by the engine too).
 
@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("rr_megatron_compat", reason="rr-megatron-compat is not installed")
 
-from rr_fakes.megatron.bridge_shims import unavailable_reason
+from rr_fakes.shims.megatron.bridge_shims import unavailable_reason
 
 if unavailable_reason():
     pytest.skip(
@@ -31,9 +31,9 @@ from engine_megatron import MegatronFigures, expect_exact_replay, register_summa
 from engine_megatron import figures as megatron_figures
 from engine_rollouts import DTYPES, expect_float32_routing, rollout, trainer_model
 
-from rr_fakes.hf_checkpoints import build_checkpoint
-from rr_fakes.hf_models import right_padded
-from rr_fakes.megatron.bridge_hf import BRIDGE_FAMILIES, BRIDGE_UNSUPPORTED
+from rr_fakes.hf_to_megatron import BRIDGE_FAMILIES, BRIDGE_UNSUPPORTED
+from rr_fakes.shims.hf_checkpoints import build_checkpoint
+from rr_fakes.shims.hf_models import right_padded
 
 FAMILIES = list(BRIDGE_FAMILIES)
 KEYS = [(f, d) for d in DTYPES for f in FAMILIES]  # dtype-major: each engine once
@@ -91,7 +91,7 @@ def test_a_float32_engine_routes_as_bridges_gpt_model(engines: Any, family: str)
 def test_bridge_has_no_converter_for(family: str) -> None:
     from transformers import AutoConfig
 
-    from rr_fakes.megatron.bridge_shims import bridge_cpu
+    from rr_fakes.shims.megatron.bridge_shims import bridge_cpu
 
     config = AutoConfig.from_pretrained(build_checkpoint(family).path)
     with bridge_cpu():

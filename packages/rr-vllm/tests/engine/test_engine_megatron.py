@@ -1,5 +1,5 @@
 """R3 on the real engine into Megatron: rr_vllm decodes a vLLM rollout, and the same checkpoint,
-loaded into a real megatron-core GPTModel by ``rr_fakes.megatron.hf_loader`` (float32), replays
+loaded into a real megatron-core GPTModel by ``rr_fakes.hf_to_megatron`` (float32), replays
 it through rr's public API (``rr_megatron_compat``: install, attach, ``batch_to_router_rows``,
 the controller armed with a replay mask), against a float32 and a bfloat16 engine.
 
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("rr_megatron_compat", reason="rr-megatron-compat is not installed")
 
-from rr_fakes.megatron import unavailable_reason
+from rr_fakes.shims.megatron import unavailable_reason
 
 if unavailable_reason():
     pytest.skip(f"megatron-core does not run here: {unavailable_reason()}", allow_module_level=True)
@@ -27,7 +27,7 @@ from engine_megatron import MegatronFigures, expect_exact_replay, register_summa
 from engine_megatron import figures as megatron_figures
 from engine_rollouts import DTYPES, MLA_FAMILIES, expect_float32_routing, rollout
 
-from rr_fakes.megatron.hf_loader import HF_LOADER_FAMILIES
+from rr_fakes.hf_to_megatron import HF_LOADER_FAMILIES
 
 KEYS = [(f, d) for d in DTYPES for f in HF_LOADER_FAMILIES]  # dtype-major: each engine once
 

@@ -17,7 +17,7 @@ import pytest
 from engine_rollouts import BLOCK, MAX_MODEL_LEN, MLA_FAMILIES, rollout
 
 from rr_core import RRError
-from rr_fakes.hf_checkpoints import FAMILIES
+from rr_fakes.shims.hf_checkpoints import FAMILIES
 from rr_vllm import (
     decode_vllm_batch,
     decode_vllm_output,

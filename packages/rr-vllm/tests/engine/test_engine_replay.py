@@ -26,7 +26,7 @@ from engine_rollouts import (
 )
 
 import rr_transformers
-from rr_fakes.hf_checkpoints import FAMILIES
+from rr_fakes.shims.hf_checkpoints import FAMILIES
 
 KEYS = [(f, d) for d in DTYPES for f in FAMILIES]  # dtype-major: each engine starts once
 

@@ -20,7 +20,7 @@ from engine_rollouts import BLOCK, _Watching, trainer_model
 
 import rr_transformers
 from rr_core import ReplayMode
-from rr_fakes.hf_checkpoints import build_checkpoint
+from rr_fakes.shims.hf_checkpoints import build_checkpoint
 from rr_vllm import EngineOutputError, Trajectory, validate_samples
 
 FAMILY, FP32 = "qwen3_moe", "float32"

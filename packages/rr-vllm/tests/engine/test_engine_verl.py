@@ -21,23 +21,23 @@ from typing import Any
 import pytest
 import torch
 
-from rr_fakes.megatron import unavailable_reason
+from rr_fakes.shims.megatron import unavailable_reason
 
 if unavailable_reason():
     pytest.skip(f"megatron-core does not run here: {unavailable_reason()}", allow_module_level=True)
 
-from rr_fakes.verl import unavailable_reason as verl_unavailable
+from rr_fakes.shims.verl import unavailable_reason as verl_unavailable
 
 if verl_unavailable():
     pytest.skip(f"verl's engine does not run here: {verl_unavailable()}", allow_module_level=True)
 
 from engine_rollouts import DTYPES, MAX_MODEL_LEN, rollout
 
-import rr_fakes.verl as vh
+import rr_fakes.shims.verl as vh
 import rr_megatron_compat.verl as trainer_side
 import rr_vllm.verl as rollout_side
-from rr_fakes.engines import VllmEra, vllm_request_output
-from rr_fakes.megatron import TinyGPTConfig, model_parallel
+from rr_fakes.emulations.engines import VllmEra, vllm_request_output
+from rr_fakes.shims.megatron import TinyGPTConfig, model_parallel
 
 #: The real rollout's requests verl sends as they are: from the prompt's start, one completion.
 FAMILY = "qwen3_moe"

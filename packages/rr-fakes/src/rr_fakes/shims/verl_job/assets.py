@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rr_fakes.hf_checkpoints import VOCAB, HFCheckpoint, build_checkpoint
+from rr_fakes.shims.hf_checkpoints import VOCAB, HFCheckpoint, build_checkpoint
 
 #: The special tokens and words of the chat tokenizer, ids from 0; ``w{i}`` fill the rest.
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -75,7 +75,7 @@ MEGATRON_OVERRIDES: dict[str, dict[str, Any]] = {"qwen3_moe": {"mlp_only_layers"
 
 
 def chat_checkpoint(family: str, root: Path, **overrides: Any) -> HFCheckpoint:
-    """``family``'s tiny checkpoint (``rr_fakes.hf_checkpoints``, ``overrides`` to its config)
+    """``family``'s tiny checkpoint (``rr_fakes.shims.hf_checkpoints``, ``overrides`` to its config)
     under ``root`` with the chat tokenizer: pad id 0, eos ``<|im_end|>`` (id 2), as the
     checkpoint's config has them."""
     source = build_checkpoint(family, **overrides)

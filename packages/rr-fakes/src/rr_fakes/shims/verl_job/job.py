@@ -17,7 +17,7 @@ from rr_fakes.shims.verl_job import mcore
 PLUGIN = "rr_fakes.shims.verl_job.platform"
 RR_HOOK = "rr_fakes.shims.verl_job.rr_hook.install"
 MEASURE_HOOK = "rr_fakes.shims.verl_job.rr_hook.measure"
-#: The Megatron engine's transformer-config overrides on CPU (rr_fakes.megatron.bridge_shims'
+#: The Megatron engine's transformer-config overrides on CPU (rr_fakes.shims.megatron.bridge_shims'
 #: CPU_OVERRIDES but the two verl sets itself: the alltoall dispatcher, no balancing loss).
 CPU_TRANSFORMER_CONFIG = {
     "moe_grouped_gemm": False,

@@ -1,6 +1,7 @@
 """rr's CPU harness for megatron-core (and Megatron-Bridge) in the processes of a Megatron-engine
-job: :func:`rr_fakes.megatron.megatron_cpu` and :func:`rr_fakes.megatron.bridge_shims.bridge_cpu`
-entered for the rest of the process, at the moment it first imports ``megatron``.
+job: :func:`rr_fakes.shims.megatron.megatron_cpu` and
+:func:`rr_fakes.shims.megatron.bridge_shims.bridge_cpu` entered for the rest of the process, at
+the moment it first imports ``megatron``.
 
 verl's Megatron engine imports megatron-core at module level and builds its model through
 Megatron-Bridge; on this machine both need the harness in place before they import (megatron-core
@@ -100,7 +101,7 @@ def _thd_attention(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     Engine's attention reads on a GPU. rr_fakes' THD attention takes its place in each layer
     of the chunks verl built (it holds no parameters: weight loading and export see the same
     names)."""
-    from rr_fakes.verl import use_thd_attention
+    from rr_fakes.shims.verl import use_thd_attention
 
     chunks = wrapped(*args, **kwargs)
     use_thd_attention(chunks)
@@ -154,7 +155,7 @@ def check_bridge() -> None:
 
 def _enter() -> None:
     """The harness, for the rest of this process (the ``ExitStack`` is never closed)."""
-    from rr_fakes.megatron import megatron_cpu
+    from rr_fakes.shims.megatron import megatron_cpu
 
     bridge = importlib.util.find_spec("megatron.bridge") is not None
     if bridge:
@@ -165,7 +166,7 @@ def _enter() -> None:
         wrapt.wrap_function_wrapper(module, name, _cuda_tensor_types)
     if not bridge:
         return
-    from rr_fakes.megatron.bridge_shims import _placeholders_for, bridge_cpu
+    from rr_fakes.shims.megatron.bridge_shims import _placeholders_for, bridge_cpu
 
     _STACK.enter_context(bridge_cpu())
     with _placeholders_for(JOB_PLACEHOLDERS):
