@@ -1,31 +1,54 @@
-"""Deprecated aliases only: the old paths of :mod:`rr_fakes.hf_to_megatron`'s names
-(``rr_fakes.megatron.hf_loader``, ``rr_fakes.megatron.bridge_hf``), kept for one release with a
-``DeprecationWarning`` naming the new path. The CPU harness that lived here is
-:mod:`rr_fakes.shims.megatron` (moved without an alias: rr-fakes' module paths are the test
-harness's, not an API)."""
+"""Deprecated aliases only: the old paths of :mod:`rr_fakes.hf_to_megatron`'s names,
+``rr_fakes.megatron.hf_loader`` and ``rr_fakes.megatron.bridge_hf``, kept for one release: each
+name read there warns (``DeprecationWarning`` naming the new path) and answers from the new
+module. The CPU harness that lived here is :mod:`rr_fakes.shims.megatron` (moved without an
+alias: rr-fakes' module paths are the test harness's, not an API)."""
 
 from __future__ import annotations
 
+import sys
+import types
 import warnings
 from typing import Any
 
 NEW_PATH = "rr_fakes.hf_to_megatron"
 
+#: Each old module and the public names it had, now :mod:`rr_fakes.hf_to_megatron`'s.
+MOVED: dict[str, tuple[str, ...]] = {
+    "hf_loader": (
+        "HF_LOADER_FAMILIES", "HFGPTSpec", "UnsupportedCheckpointError", "build_gpt_for",
+        "build_hf_gpt", "hf_gpt_spec", "load_hf_weights", "megatron_state", "read_hf_config",
+        "read_hf_state",
+    ),
+    "bridge_hf": ("BRIDGE_FAMILIES", "BRIDGE_UNSUPPORTED", "BridgeFamily", "convert_hf_checkpoint"),
+}  # fmt: skip
 
-def moved_attr(old_module: str, name: str, names: tuple[str, ...]) -> Any:
-    """``name`` of ``old_module`` answered from :mod:`rr_fakes.hf_to_megatron` with a
-    ``DeprecationWarning`` naming the new path, when ``name`` is one of the moved ``names``."""
-    if name not in names:
-        raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{old_module}.{name} moved to {NEW_PATH}.{name}; import it from {NEW_PATH} "
-        f"(the old path goes in the next release)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    import rr_fakes.hf_to_megatron as new
 
-    return getattr(new, name)
+class _MovedModule(types.ModuleType):
+    """An old module whose names answer from :mod:`rr_fakes.hf_to_megatron` with a warning."""
+
+    def __init__(self, name: str, names: tuple[str, ...]) -> None:
+        super().__init__(name, f"Deprecated: moved to {NEW_PATH} (goes in the next release).")
+        self.__all__ = list(names)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self.__all__:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{self.__name__}.{name} moved to {NEW_PATH}.{name}; import it from {NEW_PATH} "
+            f"(the old path goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        import rr_fakes.hf_to_megatron as new
+
+        return getattr(new, name)
+
+
+for _short, _names in MOVED.items():
+    _module = _MovedModule(f"{__name__}.{_short}", _names)
+    sys.modules[_module.__name__] = _module
+    globals()[_short] = _module
 
 
 def __getattr__(name: str) -> Any:
