@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from rr_core import ReplayMode, StepReport
-from rr_transformers._routes import arm_routes
+from rr_transformers._routes import arm_routes, end_failed_step
 from rr_transformers.trl import _engine, _record
 from rr_transformers.trl._binding import Binding, binding_for, bindings, open_bindings
 from rr_transformers.trl._errors import TrlReplayError
@@ -250,11 +250,7 @@ def _close(state: TrainerState, binding: Binding, kind: str, *, failed: bool = F
     binding.microbatches = 0
     try:
         if failed:
-            controller.strict, strict = False, controller.strict
-            try:
-                controller.end_step()
-            finally:
-                controller.strict = strict
+            end_failed_step(controller)
         else:
             binding.reports.append((kind, controller.end_step()))
     finally:

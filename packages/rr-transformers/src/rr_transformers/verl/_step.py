@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from rr_core import ReplayMode, RRWarning, narrowest_dtype
-from rr_transformers._routes import arm_routes
+from rr_transformers._routes import arm_routes, end_failed_step
 from rr_transformers.verl._binding import Binding, binding_for, existing
 from rr_transformers.verl._errors import VerlFSDPReplayError
 from rr_transformers.verl._layout import (
@@ -128,11 +128,7 @@ def end(engine: Any, step: Pass, *, failed: bool) -> None:
     started = time.perf_counter()
     try:
         if failed:
-            controller.strict, strict = False, controller.strict
-            try:
-                controller.end_step()
-            finally:
-                controller.strict = strict
+            end_failed_step(controller)
         else:
             report = controller.end_step()
             step.binding.last_report = report
