@@ -5,7 +5,7 @@ produced."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -82,3 +82,40 @@ def perturb(model: nn.Module, seed: int = 1) -> None:
     with torch.no_grad():
         for _, router in routers(model):
             router.weight.add_(torch.randn(router.weight.shape, generator=g))
+
+
+@contextlib.contextmanager
+def patched(install: Callable[[], object], uninstall: Callable[[], object]) -> Iterator[None]:
+    """One model-parallel process group with ``install()`` applied, ``uninstall()`` on the way
+    out: rr's Megatron hooks (``rmc.install``) or verl's patch (``apply_router_replay_patch``)."""
+    from rr_fakes.shims.megatron import model_parallel
+
+    with model_parallel():
+        install()
+        try:
+            yield
+        finally:
+            uninstall()
+
+
+def record_through_verl(
+    model: nn.Module,
+    batches: Sequence[Mapping[str, torch.Tensor]],
+    mask: torch.Tensor,
+    forward: Callable[[nn.Module, Mapping[str, torch.Tensor]], object],
+) -> torch.Tensor:
+    """R2 as verl's engine records it, through the verl names: RECORD, each micro-batch's
+    forward without grad followed by ``merge_router_topk_indices``, then the routes of every
+    micro-batch gathered over the pipeline (``[B, T, L, K]``)."""
+    import rr_megatron_compat.verl as rv
+
+    tc = model.config
+    recorded: list[torch.Tensor] = []
+    rv.RouterReplay.set_global_router_replay_action(rv.RouterReplayAction.RECORD)
+    with torch.no_grad():
+        for batch in batches:
+            assert rv.RouterReplayHelper.is_r2_record_action(tc, model=model)
+            forward(model, batch)
+            rv.merge_router_topk_indices(mask, batch["input_ids"], recorded, tc, model=model)
+    rv.RouterReplay.clear_global_indices()
+    return rv.pp_gather(torch.cat(recorded), tc)

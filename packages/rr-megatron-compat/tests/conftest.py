@@ -28,11 +28,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def megatron() -> Iterator[None]:
     """One model-parallel process group with rr's Megatron hooks installed, for one test."""
     import rr_megatron_compat as rmc
-    from rr_fakes.shims.megatron import model_parallel
+    from compat_megatron_steps import patched
 
-    with model_parallel():
-        rmc.install()
-        try:
-            yield
-        finally:
-            rmc.uninstall()
+    with patched(rmc.install, rmc.uninstall):
+        yield

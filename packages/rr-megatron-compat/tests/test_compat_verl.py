@@ -23,12 +23,13 @@ from compat_megatron_steps import (
     build,
     capture_maps,
     map_of,
+    patched,
     perturb,
     random_targets,
+    record_through_verl,
     routers,
 )
 from rr_core import ReplayError, controller_of
-from rr_fakes.shims.megatron import model_parallel
 
 
 def _params(required: str = "", defaulted_to_none: str = "") -> list[tuple[str, Any]]:
@@ -95,12 +96,8 @@ def test_signatures_and_actions_match_verl() -> None:
 
 @pytest.fixture
 def megatron() -> Iterator[None]:
-    with model_parallel():
-        rv.apply_router_replay_patch()
-        try:
-            yield
-        finally:
-            rv.remove_router_replay_patch()
+    with patched(rv.apply_router_replay_patch, rv.remove_router_replay_patch):
+        yield
 
 
 def packed(lengths: list[int], seed: int = 0) -> dict[str, torch.Tensor]:
@@ -124,15 +121,8 @@ def test_r2_record_then_replay_through_the_verl_names(megatron: None) -> None:
     tc = model.config
     batches = [packed([5, 7], seed=0), packed([6, 6], seed=1)]
     mask = torch.ones(1, 12, dtype=torch.bool)
-    recorded: list[torch.Tensor] = []
-    rv.RouterReplay.set_global_router_replay_action(rv.RouterReplayAction.RECORD)
-    with capture_maps(model) as native, torch.no_grad():
-        for batch in batches:
-            assert rv.RouterReplayHelper.is_r2_record_action(tc, model=model)
-            forward(model, batch)
-            rv.merge_router_topk_indices(mask, batch["input_ids"], recorded, tc, model=model)
-    rv.RouterReplay.clear_global_indices()
-    routes = rv.pp_gather(torch.cat(recorded), tc)  # pp=1: unchanged
+    with capture_maps(model) as native:
+        routes = record_through_verl(model, batches, mask, forward)  # pp=1: gather unchanged
     assert routes.dtype == torch.int16
     assert routes.shape == (2, 12, 4, K)
     for layer in range(1, 5):

@@ -14,7 +14,6 @@ import pytest
 import torch
 from bridge_models import (
     MODELS,
-    BridgeModel,
     Built,
     all_routers,
     loss,
@@ -25,6 +24,7 @@ from bridge_models import (
 )
 
 import rr_megatron_compat.verl as rv
+from compat_megatron_steps import record_through_verl
 from rr_core import controller_of
 
 Action = rv.RouterReplayAction
@@ -38,6 +38,12 @@ def dropin(bridge: None) -> Iterator[None]:
     finally:
         rv.RouterReplay.clear_global_router_replay_action()
         rv.remove_router_replay_patch()
+
+
+@pytest.fixture(params=MODELS, ids=lambda m: m.name)
+def built(dropin: None, request: pytest.FixtureRequest) -> Built:
+    """Each bridge model, built after verl's patch (as verl's engine builds it)."""
+    return Built(request.param)
 
 
 def check_orphans_left_out(built: Built) -> None:
@@ -54,24 +60,13 @@ def check_orphans_left_out(built: Built) -> None:
     assert all(controller_of(r) is None for r in built.mtp)
 
 
-@pytest.mark.parametrize("spec", MODELS, ids=lambda m: m.name)
-def test_R2_through_the_verl_names_replays_every_live_router(
-    dropin: None, spec: BridgeModel
-) -> None:
-    built = Built(spec)
+def test_R2_through_the_verl_names_replays_every_live_router(built: Built) -> None:
     chunk, tc = built.chunk, built.chunk.config
     watched = all_routers(chunk)
     batches = [token_batch([5, 7], seed=0), token_batch([6, 6], seed=1)]
     mask = torch.ones(1, 12, dtype=torch.bool)
-    recorded: list[torch.Tensor] = []
-    rv.RouterReplay.set_global_router_replay_action(Action.RECORD)
-    with watch(watched) as native, torch.no_grad():
-        for batch in batches:
-            assert rv.RouterReplayHelper.is_r2_record_action(tc, model=chunk)
-            loss(chunk, batch)
-            rv.merge_router_topk_indices(mask, batch["input_ids"], recorded, tc, model=chunk)
-    rv.RouterReplay.clear_global_indices()
-    routes = rv.pp_gather(torch.cat(recorded), tc)  # pp=1: unchanged
+    with watch(watched) as native:
+        routes = record_through_verl(chunk, batches, mask, loss)  # pp=1: gather unchanged
     assert routes.shape == (2, 12, len(built.layers), 2)
     check_orphans_left_out(built)
     for slot, router in enumerate(built.live):  # the record is what the routers chose
@@ -97,11 +92,7 @@ def test_R2_through_the_verl_names_replays_every_live_router(
     built.check_untouched_and_native(replayed)
 
 
-@pytest.mark.parametrize("spec", MODELS, ids=lambda m: m.name)
-def test_R3_through_the_verl_names_replays_the_rollout_on_masked_rows(
-    dropin: None, spec: BridgeModel
-) -> None:
-    built = Built(spec)
+def test_R3_through_the_verl_names_replays_the_rollout_on_masked_rows(built: Built) -> None:
     chunk, tc = built.chunk, built.chunk.config
     rollouts = [rollout_routes(built, prompt) for prompt in ([5, 9, 2], [7, 1, 3, 4])]
     sequences = [torch.tensor(r.token_ids) for r, _ in rollouts]
