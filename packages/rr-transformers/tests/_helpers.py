@@ -10,6 +10,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from rr_core import ReplayController, ReplayMode
+from rr_fakes.shims.hf_models import NUM_EXPERTS, perturb_routers
 from rr_transformers import KNOWN_FAMILIES, Family, installed_transformers_version
 from rr_transformers._families import text_config
 
@@ -90,3 +92,42 @@ def reference_weights(
 
 def same_sets(a_TK: torch.Tensor, b_TK: torch.Tensor) -> bool:
     return bool(torch.equal(a_TK.long().sort(-1).values, b_TK.long().sort(-1).values))
+
+
+@contextmanager
+def replaying_moved_routers(
+    model: nn.Module, family: Family, controller: ReplayController, recorded_TLK: torch.Tensor
+) -> Iterator[tuple[dict[int, list[tuple[torch.Tensor, torch.Tensor]]], dict[int, torch.Tensor]]]:
+    """Micro-batch 0 replaying ``recorded_TLK`` after the router weights moved: what each
+    layer's experts received and each router's input, by layer."""
+    perturb_routers(model)
+    controller.set_mode(ReplayMode.REPLAY)
+    controller.arm(0, recorded_TLK, layer_numbers=controller.layer_numbers)
+    with (
+        expert_inputs(model) as seen,
+        router_inputs(model, family) as hidden,
+        controller.microbatch(0),
+    ):
+        yield seen, hidden
+
+
+def check_replayed_weights(
+    model: nn.Module,
+    family: Family,
+    seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]],
+    hidden: dict[int, torch.Tensor],
+    recorded_TLK: torch.Tensor,
+    layers: tuple[int, ...],
+) -> dict[int, nn.Module]:
+    """Each of ``layers`` (the slots of ``recorded_TLK``) had its experts receive the recorded
+    sets, with the family's gate weights from the moved router's own scores
+    (:func:`reference_weights`); returns the routers by layer."""
+    by_router = routers(model, family)
+    for slot, layer in enumerate(layers):
+        ((ids_TK, weights_TK),) = seen[layer]
+        assert same_sets(ids_TK, recorded_TLK[:, slot]), f"layer {layer}"
+        expected = reference_weights(family, model, by_router[layer], hidden[layer], ids_TK)
+        if weights_TK.shape[-1] == NUM_EXPERTS:  # a [T, E] scatter of the K weights
+            weights_TK = weights_TK.gather(1, ids_TK.long())
+        torch.testing.assert_close(weights_TK.float(), expected, rtol=1e-5, atol=1e-6)
+    return by_router

@@ -12,7 +12,13 @@ import pytest
 import torch
 
 import rr_transformers
-from _helpers import FAMILIES, expert_inputs, reference_weights, router_inputs, routers, same_sets
+from _helpers import (
+    FAMILIES,
+    check_replayed_weights,
+    expert_inputs,
+    replaying_moved_routers,
+    same_sets,
+)
 from rr_core import ReplayController, ReplayMode
 from rr_fakes.shims.hf_models import NUM_EXPERTS, TOP_K, perturb_routers, tiny_model
 
@@ -74,26 +80,15 @@ def test_replay_forces_recorded_sets_with_the_trainers_own_weights(model_type):
     ids = _tokens(1)
     with _attached(model) as (controller, attachment):
         _, recorded = _record(model, controller, ids)
-        perturb_routers(model)
-        controller.set_mode(ReplayMode.REPLAY)
-        controller.arm(0, recorded, layer_numbers=attachment.layer_numbers)
-        with (
-            expert_inputs(model) as seen,
-            router_inputs(model, family) as hidden,
-            controller.microbatch(0),
-        ):
+        with replaying_moved_routers(model, family, controller, recorded) as (seen, hidden):
             out = model(ids).logits
         out.float().square().mean().backward()
         report = controller.end_step()
     assert sorted(seen) == list(attachment.layer_numbers)
-    by_router = routers(model, family)
-    for slot, layer in enumerate(attachment.layer_numbers):
-        ((ids_TK, weights_TK),) = seen[layer]
-        assert same_sets(ids_TK, recorded[:, slot]), f"layer {layer}"
-        expected = reference_weights(family, model, by_router[layer], hidden[layer], ids_TK)
-        if weights_TK.shape[-1] == NUM_EXPERTS:  # a [T, E] scatter of the K weights
-            weights_TK = weights_TK.gather(1, ids_TK.long())
-        torch.testing.assert_close(weights_TK.float(), expected, rtol=1e-5, atol=1e-6)
+    by_router = check_replayed_weights(
+        model, family, seen, hidden, recorded, attachment.layer_numbers
+    )
+    for layer in attachment.layer_numbers:
         assert by_router[layer].weight.grad is not None
         assert by_router[layer].weight.grad.abs().sum() > 0
     assert min(report.agreement.values()) < 1.0  # the perturbation moved some rows
