@@ -15,7 +15,12 @@ from collections.abc import Iterator
 import pytest
 
 from rr_core.adapters import Installer
-from rr_fakes.adapter_protocol import AdapterContract, InstallerContract, ProtocolCase
+from rr_fakes.adapter_protocol import (
+    AdapterContract,
+    InstallerContract,
+    ProtocolCase,
+    megatron_case,
+)
 
 
 def _needs(*names: str) -> pytest.MarkDecorator:
@@ -34,16 +39,10 @@ class TestVerlMegatronAdapter(AdapterContract):
     @pytest.fixture
     def case(self) -> Iterator[ProtocolCase]:
         import rr_megatron_compat as rmc
-        from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, model_parallel
 
         adapter = _adapter("rr_megatron_compat.verl")
-        with model_parallel():
-            try:
-                yield ProtocolCase(
-                    adapter, lambda: build_gpt(TinyGPTConfig(extra=rmc.replay_config_fields()))
-                )
-            finally:
-                adapter.uninstall()
+        with megatron_case(adapter, rmc.replay_config_fields()) as case:
+            yield case
 
 
 @_needs("verl", "transformers")

@@ -8,18 +8,11 @@ from collections.abc import Iterator
 import pytest
 
 import rr_megatron_compat as rmc
-from rr_fakes.adapter_protocol import AdapterContract, ProtocolCase
+from rr_fakes.adapter_protocol import AdapterContract, ProtocolCase, megatron_case
 
 
 class TestMegatronAdapter(AdapterContract):
     @pytest.fixture
     def case(self) -> Iterator[ProtocolCase]:
-        from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, model_parallel
-
-        with model_parallel():
-            try:
-                yield ProtocolCase(
-                    rmc.ADAPTER, lambda: build_gpt(TinyGPTConfig(extra=rmc.replay_config_fields()))
-                )
-            finally:
-                rmc.uninstall()
+        with megatron_case(rmc.ADAPTER, rmc.replay_config_fields()) as case:
+            yield case

@@ -11,7 +11,7 @@ import pytest
 
 import rr_megatron_compat as rmc
 import rr_npu
-from rr_fakes.adapter_protocol import AdapterContract, ProtocolCase
+from rr_fakes.adapter_protocol import AdapterContract, ProtocolCase, megatron_case
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None,
@@ -22,13 +22,5 @@ pytestmark = pytest.mark.skipif(
 class TestMindSpeedAdapter(AdapterContract):
     @pytest.fixture
     def case(self) -> Iterator[ProtocolCase]:
-        from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, model_parallel
-
-        with model_parallel():
-            try:
-                yield ProtocolCase(
-                    rr_npu.ADAPTER,
-                    lambda: build_gpt(TinyGPTConfig(extra=rmc.replay_config_fields())),
-                )
-            finally:
-                rr_npu.uninstall()
+        with megatron_case(rr_npu.ADAPTER, rmc.replay_config_fields()) as case:
+            yield case

@@ -4,8 +4,9 @@ own adapters.
 A package's test module subclasses :class:`InstallerContract` (an install-only adapter) or
 :class:`AdapterContract` (both capabilities) under a ``Test`` name and gives it a ``case``
 fixture yielding a :class:`ProtocolCase` (the adapter and a builder of a real model it drives,
-inside whatever the framework needs: a model-parallel group for Megatron). The tests are the same
-for every adapter, so an adapter that breaks the protocol fails in its own package's session:
+inside whatever the framework needs: a model-parallel group for Megatron, which
+:func:`megatron_case` gives). The tests are the same for every adapter, so an adapter that
+breaks the protocol fails in its own package's session:
 
 - install: idempotent (the same names, nothing wrapped twice), ``is_installed`` follows it,
   ``uninstall`` returns how many patches it took out (0 the second time), nothing of the
@@ -20,8 +21,9 @@ for every adapter, so an adapter that breaks the protocol fails in its own packa
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +42,7 @@ from rr_core.adapters import (
 )
 from rr_core.patching import RRWrapper, raw_attribute, wrapper_chain
 
-__all__ = ["AdapterContract", "InstallerContract", "ProtocolCase"]
+__all__ = ["AdapterContract", "InstallerContract", "ProtocolCase", "megatron_case"]
 
 
 @dataclass
@@ -54,6 +56,20 @@ class ProtocolCase:
     #: ``attach`` before ``install()``: "raises" (the rule) or "deprecated" (an adapter that
     #: still installs there for one release, warning).
     attach_before_install: str = "raises"
+
+
+@contextlib.contextmanager
+def megatron_case(adapter: Installer, replay_fields: dict[str, Any]) -> Iterator[ProtocolCase]:
+    """The case of an adapter that drives Megatron's ``TopKRouter``: a tiny real GPTModel whose
+    config carries ``replay_fields`` (``rr_megatron_compat.replay_config_fields()``, the line's
+    replay flag), built inside a model-parallel group; the adapter uninstalled on the way out."""
+    from rr_fakes.shims.megatron import TinyGPTConfig, build_gpt, model_parallel
+
+    with model_parallel():
+        try:
+            yield ProtocolCase(adapter, lambda: build_gpt(TinyGPTConfig(extra=dict(replay_fields))))
+        finally:
+            adapter.uninstall()
 
 
 def _live_patches() -> list[tuple[Any, str]]:
