@@ -264,8 +264,9 @@ def test_the_generate_stream_sends_the_routes_with_finish_reason(
     assert finish[-1] == "length"
     assert ("prompt_token_ids" in token_chunks[0]) == return_token_ids
     assert not any("prompt_token_ids" in ch for ch in token_chunks[1:])
-    prompt = None if return_token_ids else served.prompt
-    (sample,) = decode_vllm_stream(text.splitlines(), served.meta, prompt_token_ids=prompt)
+    prompt = None if return_token_ids else len(served.prompt)
+    options = DecodeOptions(meta=served.meta)
+    (sample,) = decode_vllm_stream(text.splitlines(), options, num_prompt_tokens=prompt)
     _check_sample(served, sample)
     events = vllm_generate_stream(
         served.offline,
@@ -296,7 +297,7 @@ def test_the_generate_stream_read_as_it_arrives_decodes_whole(served: Served) ->
             reads.append(piece)
     raw = b"".join(reads)
     assert len(reads) > raw.count(b"\n\n"), "the reads cut no event"
-    options = DecodeOptions(served.meta)
+    options = DecodeOptions(meta=served.meta)
     (whole,) = decode_vllm_stream(raw, options, num_prompt_tokens=len(served.prompt))
     _check_sample(served, whole)
     (as_read,) = decode_vllm_stream(iter(reads), options, num_prompt_tokens=len(served.prompt))
