@@ -31,7 +31,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -286,19 +286,34 @@ def _build(
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def word_level_tokenizer(
+    named: Sequence[str], vocab_size: int, pre_tokenizer: Any, **special: Any
+) -> Any:
+    """A word-level fast tokenizer: the ``named`` tokens first (ids from 0), then ``w{i}`` for
+    every other id below ``vocab_size``, split into words by ``pre_tokenizer``, decoded as words
+    joined with spaces; ``special`` (``unk_token`` among them) go to transformers'
+    ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(named)}
+    vocab.update({f"w{i}": i for i in range(len(vocab), vocab_size)})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=special["unk_token"]))
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special)
+
+
 def _save_tokenizer(path: Path, vocab_size: int) -> None:
     """A word-level tokenizer: ``w{i}`` is token ``i``; what a tokenizer-less prompt of ids
     round-trips through."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import pre_tokenizers
 
-    vocab = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID}
-    vocab.update({f"w{i}": i for i in range(len(vocab), vocab_size)})
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
+    named = ("<pad>", "<s>", "</s>")  # PAD_ID, BOS_ID, EOS_ID
+    fast = word_level_tokenizer(
+        named,
+        vocab_size,
+        pre_tokenizers.WhitespaceSplit(),
         bos_token="<s>",
         eos_token="</s>",
         pad_token="<pad>",

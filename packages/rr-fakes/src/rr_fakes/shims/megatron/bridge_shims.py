@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from rr_core.patching import Patches
+from rr_fakes.shims.megatron._cpu_fields import CPU_TRANSFORMER_FIELDS
 from rr_fakes.shims.megatron._nested import outermost_under_megatron_cpu
 
 #: Per module of megatron-bridge 0.6.2, a module it imports unconditionally that may be absent
@@ -47,20 +48,11 @@ PLACEHOLDER_IMPORTS: Mapping[str, str] = {
     ),
 }
 
-#: Provider fields every CPU build sets: the fusions are Transformer Engine or torch.compile'd
-#: kernels (plain torch paths instead), experts run as SequentialMLP (grouped GEMM needs TE or
-#: the grouped_gemm package), CPU initialisation, and verl's own replay-path overrides
-#: (alltoall dispatcher, no load-balancing loss).
+#: Provider fields every CPU build sets: :data:`CPU_TRANSFORMER_FIELDS` (no fusions,
+#: SequentialMLP experts, CPU initialisation) and verl's own replay-path overrides (alltoall
+#: dispatcher, no load-balancing loss).
 CPU_OVERRIDES: Mapping[str, Any] = {
-    "moe_grouped_gemm": False,
-    "moe_permute_fusion": False,
-    "bias_activation_fusion": False,
-    "bias_dropout_fusion": False,
-    "masked_softmax_fusion": False,
-    "apply_rope_fusion": False,
-    "gradient_accumulation_fusion": False,
-    "persist_layer_norm": False,
-    "use_cpu_initialization": True,
+    **CPU_TRANSFORMER_FIELDS,
     "moe_token_dispatcher_type": "alltoall",
     "moe_router_load_balancing_type": "none",
 }

@@ -11,14 +11,18 @@ local module unchanged for unpacked input.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional
+
+from rr_fakes.shims.megatron._attention import (
+    AttentionCall,
+    CoreAttentionStandIn,
+    causal_attention,
+)
 
 
-class ThdCoreAttention(nn.Module):
+class ThdCoreAttention(CoreAttentionStandIn):
     """Causal attention per packed sequence: ``[t, heads, dim]`` in, ``[t, heads * dim]`` out,
     as Transformer Engine returns for the THD format."""
 
@@ -27,50 +31,37 @@ class ThdCoreAttention(nn.Module):
         self.local = local
         self.scale = float(getattr(local, "softmax_scale"))  # noqa: B009 (a Module attribute)
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        attn_mask_type: Any = None,
-        attention_bias: torch.Tensor | None = None,
-        packed_seq_params: Any = None,
+    def attend(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, call: AttentionCall
     ) -> torch.Tensor:
-        if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
+        packed = call.packed_seq_params
+        if packed is None or packed.qkv_format != "thd":
             out: torch.Tensor = self.local(
                 query,
                 key,
                 value,
-                attention_mask,
-                attn_mask_type=attn_mask_type,
-                attention_bias=attention_bias,
-                packed_seq_params=packed_seq_params,
+                call.attention_mask,
+                attn_mask_type=call.attn_mask_type,
+                attention_bias=call.attention_bias,
+                packed_seq_params=packed,
             )
             return out
-        if attention_bias is not None:
+        if call.attention_bias is not None:
             raise NotImplementedError("attention bias with packed sequences")
-        starts = packed_seq_params.cu_seqlens_q_padded
+        starts = packed.cu_seqlens_q_padded
         if starts is None:
-            starts = packed_seq_params.cu_seqlens_q
-        lengths = packed_seq_params.cu_seqlens_q.diff().tolist()
-        heads, groups = query.shape[1], key.shape[1]
+            starts = packed.cu_seqlens_q
+        lengths = packed.cu_seqlens_q.diff().tolist()
+        width = query.shape[1] * value.shape[-1]  # heads * value dim
         pieces: list[torch.Tensor] = []
         for start, end, length in zip(
             starts[:-1].tolist(), starts[1:].tolist(), lengths, strict=True
         ):
-            q = query[start : start + length].transpose(0, 1)
-            k = key[start : start + length].transpose(0, 1)
-            v = value[start : start + length].transpose(0, 1)
-            if groups != heads:
-                k = k.repeat_interleave(heads // groups, dim=0)
-                v = v.repeat_interleave(heads // groups, dim=0)
-            out = functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-            pieces.append(out.transpose(0, 1))
-            if end - start > length:
-                pieces.append(query.new_zeros(end - start - length, heads, value.shape[-1]))
-        context = torch.cat(pieces, dim=0)
-        return context.reshape(context.shape[0], heads * value.shape[-1])
+            rows = slice(start, start + length)
+            pieces.append(causal_attention(query[rows], key[rows], value[rows], self.scale))
+            if end - start > length:  # alignment padding rows: zeros
+                pieces.append(query.new_zeros(end - start - length, width))
+        return torch.cat(pieces, dim=0)
 
 
 def use_thd_attention(chunks: Iterable[nn.Module]) -> int:

@@ -16,7 +16,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rr_fakes.shims.hf_checkpoints import VOCAB, HFCheckpoint, build_checkpoint
+from rr_fakes.shims.hf_checkpoints import (
+    VOCAB,
+    HFCheckpoint,
+    build_checkpoint,
+    word_level_tokenizer,
+)
 
 #: The special tokens and words of the chat tokenizer, ids from 0; ``w{i}`` fill the rest.
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -39,21 +44,18 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 
 def _save_chat_tokenizer(path: Path, vocab_size: int) -> None:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Regex, pre_tokenizers
 
-    vocab = {token: i for i, token in enumerate(SPECIAL + WORDS)}
-    vocab.update({f"w{i}": i for i in range(len(vocab), vocab_size)})
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL[0]))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+    split = pre_tokenizers.Sequence(
         [  # spaces separate words; a newline is a token of its own
             pre_tokenizers.Split(Regex(r"[^\S\n]+"), behavior="removed"),
             pre_tokenizers.Split("\n", behavior="isolated"),
         ]
     )
-    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
+    fast = word_level_tokenizer(
+        SPECIAL + WORDS,
+        vocab_size,
+        split,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token="<|endoftext|>",

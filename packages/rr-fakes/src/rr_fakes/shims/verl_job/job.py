@@ -11,25 +11,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rr_fakes.shims.megatron._cpu_fields import CPU_TRANSFORMER_FIELDS
 from rr_fakes.shims.ray_tmp import ray_tmpdir
 from rr_fakes.shims.verl_job import mcore
 
 PLUGIN = "rr_fakes.shims.verl_job.platform"
 RR_HOOK = "rr_fakes.shims.verl_job.rr_hook.install"
 MEASURE_HOOK = "rr_fakes.shims.verl_job.rr_hook.measure"
-#: The Megatron engine's transformer-config overrides on CPU (rr_fakes.shims.megatron.bridge_shims'
-#: CPU_OVERRIDES but the two verl sets itself: the alltoall dispatcher, no balancing loss).
-CPU_TRANSFORMER_CONFIG = {
-    "moe_grouped_gemm": False,
-    "moe_permute_fusion": False,
-    "bias_activation_fusion": False,
-    "bias_dropout_fusion": False,
-    "masked_softmax_fusion": False,
-    "apply_rope_fusion": False,
-    "gradient_accumulation_fusion": False,
-    "persist_layer_norm": False,
-    "use_cpu_initialization": True,
-}
+#: The Megatron engine's transformer-config overrides on CPU (the fields of every CPU build; verl
+#: sets the alltoall dispatcher and no balancing loss itself).
+CPU_TRANSFORMER_CONFIG = CPU_TRANSFORMER_FIELDS
 #: How often the process tree's memory is sampled.
 SAMPLE_S = 0.5
 

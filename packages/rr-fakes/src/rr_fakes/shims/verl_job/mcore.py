@@ -20,7 +20,6 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
-import importlib.metadata as metadata
 import importlib.util
 import sys
 import types
@@ -29,6 +28,8 @@ from typing import Any
 import torch
 import wrapt
 from torch.overrides import TorchFunctionMode
+
+from rr_fakes.shims.verl_job.patches import check_release
 
 #: Set by the harness for a Megatron-engine job (every process of the job inherits it).
 ENV = "RR_VERL_JOB_MEGATRON"
@@ -130,13 +131,13 @@ def _verl_engine(module: Any) -> None:
 
 def check_megatron() -> None:
     """Refuse a megatron-core release :data:`CUDA_TYPED` was not checked on."""
-    release = metadata.version("megatron-core")
-    if release not in CHECKED_MEGATRON:
-        raise MegatronJobShimError(
-            f"rr_fakes.shims.verl_job.mcore was checked on megatron-core {list(CHECKED_MEGATRON)}"
-            f"; installed: {release}. Re-check CUDA_TYPED against its source lines and add the "
-            "release, or drop what it no longer needs"
-        )
+    check_release(
+        "megatron-core",
+        CHECKED_MEGATRON,
+        harness="rr_fakes.shims.verl_job.mcore",
+        recheck="CUDA_TYPED against its source lines",
+        error=MegatronJobShimError,
+    )
 
 
 _STACK = contextlib.ExitStack()
@@ -144,13 +145,13 @@ _STACK = contextlib.ExitStack()
 
 def check_bridge() -> None:
     """Refuse a Megatron-Bridge release :data:`JOB_PLACEHOLDERS` was not checked on."""
-    release = metadata.version("megatron-bridge")
-    if release not in CHECKED_BRIDGE:
-        raise MegatronJobShimError(
-            f"rr_fakes.shims.verl_job.mcore was checked on megatron-bridge {list(CHECKED_BRIDGE)}"
-            f"; installed: {release}. Re-check JOB_PLACEHOLDERS against its importers and add "
-            "the release, or drop what it no longer needs"
-        )
+    check_release(
+        "megatron-bridge",
+        CHECKED_BRIDGE,
+        harness="rr_fakes.shims.verl_job.mcore",
+        recheck="JOB_PLACEHOLDERS against its importers",
+        error=MegatronJobShimError,
+    )
 
 
 def _enter() -> None:

@@ -37,14 +37,32 @@ class VerlJobShimError(RuntimeError):
     """verl's job harness met a release it was not checked on, or a patch no longer fits."""
 
 
-def _check_verl() -> None:
-    release = metadata.version("verl")
-    if release not in CHECKED_VERL:
-        raise VerlJobShimError(
-            f"rr_fakes.shims.verl_job was checked on verl {list(CHECKED_VERL)}; installed: "
-            f"{release}. Re-check each patch in rr_fakes.shims.verl_job.patches against its "
-            "source line and add the release, or drop the patch it no longer needs"
+def check_release(
+    distribution: str,
+    checked: tuple[str, ...],
+    *,
+    harness: str,
+    recheck: str,
+    error: type[RuntimeError] = VerlJobShimError,
+) -> None:
+    """Refuse an installed ``distribution`` whose release is not in ``checked``: ``error``
+    names the ``harness`` module, the releases it was checked on, the installed one and what to
+    ``recheck`` before adding it."""
+    release = metadata.version(distribution)
+    if release not in checked:
+        raise error(
+            f"{harness} was checked on {distribution} {list(checked)}; installed: {release}. "
+            f"Re-check {recheck} and add the release, or drop what it no longer needs"
         )
+
+
+def _check_verl() -> None:
+    check_release(
+        "verl",
+        CHECKED_VERL,
+        harness="rr_fakes.shims.verl_job",
+        recheck="each patch in rr_fakes.shims.verl_job.patches against its source line",
+    )
 
 
 def _gloo_backend(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
