@@ -130,48 +130,6 @@ def _engine(dtype: str) -> Iterator[None]:
             shared.close()
 
 
-class _ExpertIds:
-    """The expert ids each MoE layer's experts module receives while :attr:`on`."""
-
-    def __init__(self, model: Any, layers: tuple[int, ...]) -> None:
-        import torch
-
-        self.on = False
-        self.seen: dict[int, list[Any]] = {n: [] for n in layers}
-        self._handles = []
-        for index, layer in enumerate(model.get_decoder().layers):
-            experts = getattr(getattr(layer, "mlp", None), "experts", None)
-            if isinstance(experts, torch.nn.Module) and index + 1 in self.seen:
-                hook = self._hook(index + 1)
-                self._handles.append(experts.register_forward_pre_hook(hook, with_kwargs=True))
-        if len(self._handles) != len(layers):
-            raise RuntimeError(
-                f"expected an experts module in each MoE layer {layers}, found {len(self._handles)}"
-            )
-
-    def _hook(self, layer: int) -> Callable[..., None]:
-        import torch
-
-        def hook(_module: Any, args: Any, kwargs: Any) -> None:
-            if self.on:
-                ids = kwargs.get("top_k_index", args[1] if len(args) > 1 else None)
-                self.seen[layer].append(ids.detach().to(torch.int64).cpu())
-
-        return hook
-
-    def take(self) -> dict[int, Any]:
-        import torch
-
-        out = {n: torch.cat(v) for n, v in self.seen.items() if v}
-        for v in self.seen.values():
-            v.clear()
-        return out
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
 def _count(seen: dict[int, Any], rows: list[Any], ids: Any, mask: Any, step: LoopStep) -> None:
     """Add the (token, layer) pairs whose expert set differs from the engine's route: each
     row's routes (``RowRoutes``) lie on its unmasked positions, in order."""
@@ -217,6 +175,7 @@ def _train(checkpoint: Any, steps: int, replay: bool) -> list[LoopStep]:
     from trl import GRPOConfig, GRPOTrainer
 
     import rr_transformers.trl as rr_trl
+    from rr_fakes.shims.hf_models import ExpertIds
 
     seen_steps: list[LoopStep] = []
     rr_trl.install()
@@ -238,7 +197,7 @@ def _train(checkpoint: Any, steps: int, replay: bool) -> list[LoopStep]:
                                   train_dataset=dataset)  # fmt: skip
             trainer.vllm_generation.sync_weights()  # the shared engine starts from this model
             rr_trl.set_replay(trainer, replay)
-            probe = _ExpertIds(trainer.model, checkpoint.moe_layer_numbers)
+            probe = ExpertIds(trainer.model, checkpoint.moe_layer_numbers)
 
             def measured(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
                 inputs = args[1]

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 import wrapt
-from torch import nn
 
 import rr_transformers.trl
 from rr_fakes.shims.hf_checkpoints import HFCheckpoint, build_checkpoint, prompt_text
+from rr_fakes.shims.hf_models import ExpertIds
 from rr_fakes.shims.vllm_cpu import keep_weights_loadable
 from rr_transformers.trl import ROUTES_KEY, RowRoutes
 
@@ -103,39 +103,6 @@ def session() -> Iterator[Engines]:
         finally:
             generation.LLM = original
             engines.close()
-
-
-class ExpertIds:
-    """The ids each MoE layer's experts receive while :attr:`on` (a forward pre-hook)."""
-
-    def __init__(self, model: nn.Module, layers: tuple[int, ...]) -> None:
-        self.on = False
-        self.seen: dict[int, list[torch.Tensor]] = {n: [] for n in layers}
-        self._handles = []
-        for index, layer in enumerate(model.get_decoder().layers):
-            experts = getattr(getattr(layer, "mlp", None), "experts", None)
-            if isinstance(experts, nn.Module) and index + 1 in self.seen:
-                self._handles.append(
-                    experts.register_forward_pre_hook(self._hook(index + 1), with_kwargs=True)
-                )
-
-    def _hook(self, layer: int) -> Callable[..., None]:
-        def hook(_m: Any, args: Any, kwargs: Any) -> None:
-            if self.on:
-                ids = kwargs.get("top_k_index", args[1] if len(args) > 1 else None)
-                self.seen[layer].append(ids.detach().to(torch.int64).cpu())
-
-        return hook
-
-    def take(self) -> dict[int, torch.Tensor]:
-        out = {n: torch.cat(v) for n, v in self.seen.items() if v}
-        for v in self.seen.values():
-            v.clear()
-        return out
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
 
 
 def count_differing(

@@ -108,6 +108,45 @@ def perturb_routers(model: nn.Module, scale: float = 0.3, *, seed: int = 1) -> N
             router.weight.add_(noise.to(router.weight))
 
 
+class ExpertIds:
+    """The expert ids each of ``layers``' experts module receives (a forward pre-hook) while
+    :attr:`on`; a layer without an experts module is refused."""
+
+    def __init__(self, model: Any, layers: tuple[int, ...]) -> None:
+        self.on = False
+        self.seen: dict[int, list[torch.Tensor]] = {n: [] for n in layers}
+        self._handles = []
+        for index, layer in enumerate(model.get_decoder().layers):
+            experts = getattr(getattr(layer, "mlp", None), "experts", None)
+            if isinstance(experts, nn.Module) and index + 1 in self.seen:
+                hook = self._hook(index + 1)
+                self._handles.append(experts.register_forward_pre_hook(hook, with_kwargs=True))
+        if len(self._handles) != len(layers):
+            self.close()
+            raise RuntimeError(
+                f"expected an experts module in each MoE layer {layers}, found {len(self._handles)}"
+            )
+
+    def _hook(self, layer: int) -> Any:
+        def hook(_module: nn.Module, args: Any, kwargs: Any) -> None:
+            if self.on:
+                ids = kwargs.get("top_k_index", args[1] if len(args) > 1 else None)
+                self.seen[layer].append(ids.detach().to(torch.int64).cpu())
+
+        return hook
+
+    def take(self) -> dict[int, torch.Tensor]:
+        """Each layer's ids since the last take, concatenated (layers that saw none left out)."""
+        out = {n: torch.cat(v) for n, v in self.seen.items() if v}
+        for v in self.seen.values():
+            v.clear()
+        return out
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 def right_padded(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """``input_ids`` and ``attention_mask`` ``[B, S]`` (int64) of token sequences, each padded
     on the right with zeros to the longest one."""
