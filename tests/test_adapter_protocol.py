@@ -40,9 +40,8 @@ class TestVerlMegatronAdapter(AdapterContract):
     def case(self) -> Iterator[ProtocolCase]:
         import rr_megatron_compat as rmc
 
-        adapter = _adapter("rr_megatron_compat.verl")
-        with megatron_case(adapter, rmc.replay_config_fields()) as case:
-            yield case
+        with megatron_case(_adapter("rr_megatron_compat.verl"), rmc.replay_config_fields()) as c:
+            yield c
 
 
 @_needs("verl", "transformers")
