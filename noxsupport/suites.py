@@ -66,6 +66,7 @@ VERL_TESTS = [
     _COMPAT / "test_compat_verl_engine.py",
     _COMPAT / "test_compat_verl_switch.py",  # the one switch
     _VLLM / "test_vllm_verl.py",
+    _VLLM / "test_vllm_verl_versus.py",  # verl's own conversion of the same answers
     _VLLM / "test_vllm_verl_rollout.py",  # verl's agent loop under rr
     _VLLM / "test_vllm_verl_arrival.py",  # routes expanded in workers
     _VLLM / "test_vllm_verl_install.py",  # into verl's Ray processes

@@ -16,6 +16,7 @@ import torch
 from rr_core import AlignmentError, RouteBatch, RouteMeta, RouteValidationError
 from rr_fakes.emulations.engines import Faults, VllmEra, vllm_http_response
 from rr_vllm import (
+    DecodeOptions,
     EngineOutputError,
     SampleRoutes,
     assemble_multi_turn,
@@ -43,7 +44,7 @@ def request(era: VllmEra, prompt: int, generated: int, rows: np.ndarray, **kw: A
 
 
 def decode_one(out: Any, **kw: Any) -> SampleRoutes:
-    (s,) = decode_vllm_output(out, META, **kw)
+    (s,) = decode_vllm_output(out, DecodeOptions(meta=META, **kw))
     assert s is not None
     return s
 
@@ -205,7 +206,7 @@ def test_n_completions_flatten_request_major() -> None:
         second = request(VllmEra.V0_22, 3, 4, routes(6, seed=10 + r)).outputs[0]
         out.outputs.append(dataclasses.replace(second, index=1))
         outs.append(out)
-    samples = flatten_completions([decode_vllm_output(o, META) for o in outs])
+    samples = flatten_completions([decode_vllm_output(o, DecodeOptions(meta=META)) for o in outs])
     assert [s.routes_TLK.shape[0] for s in samples if s is not None] == [5, 7, 5, 7]
     batch = validate_samples(samples, META)
     assert batch.lengths.tolist() == [5, 7, 5, 7]
@@ -214,7 +215,7 @@ def test_n_completions_flatten_request_major() -> None:
 
 def test_dropped_abort_in_a_batch_is_named() -> None:
     out = request(VllmEra.V0_22, 3, 2, routes(4), faults=Faults(abort_after_rows=1))
-    samples = decode_vllm_output(out, META, on_abort="drop")
+    samples = decode_vllm_output(out, DecodeOptions(meta=META, on_abort="drop"))
     with pytest.raises(EngineOutputError, match="sample 0 is None"):
         validate_samples(samples, META)
 
@@ -225,7 +226,9 @@ def test_dropped_abort_in_a_batch_is_named() -> None:
 @pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.uint16, np.int32, np.int64])
 def test_every_integer_input_dtype(dtype: type) -> None:
     rows = routes(8).astype(dtype)
-    s = decode_routes_array(rows, META, num_prompt_tokens=5, num_generated_tokens=4)
+    s = decode_routes_array(
+        rows, DecodeOptions(meta=META), num_prompt_tokens=5, num_generated_tokens=4
+    ).only()
     assert s is not None
     batch = validate_samples([s], META)
     assert batch.values_NLK.dtype == torch.uint8
@@ -236,7 +239,9 @@ def test_every_integer_input_dtype(dtype: type) -> None:
 def test_negative_ids_in_wide_dtypes_are_refused(dtype: type) -> None:
     rows = routes(8).astype(dtype)
     rows[2, 1] = [-1, 3]
-    s = decode_routes_array(rows, META, num_prompt_tokens=5, num_generated_tokens=4)
+    s = decode_routes_array(
+        rows, DecodeOptions(meta=META), num_prompt_tokens=5, num_generated_tokens=4
+    ).only()
     with pytest.raises(RouteValidationError, match="min -1"):
         validate_samples([s], META)
 
@@ -249,8 +254,10 @@ def test_e5_v021_http_carries_only_generation_rows(version: str | None) -> None:
     full = routes(8)
     body = vllm_http_response(request(VllmEra.V0_21, 5, 4, full, cached_prefix=2))
     with pytest.raises(EngineOutputError, match="only the 3 generation rows"):
-        decode_vllm_http(body, META, vllm_version=version)
-    (s,) = decode_vllm_http(body, META, vllm_version=version, generation_only=True)
+        decode_vllm_http(body, DecodeOptions(meta=META, engine_version=version))
+    (s,) = decode_vllm_http(
+        body, DecodeOptions(meta=META, engine_version=version, generation_only=True)
+    )
     assert s is not None
     expected = np.zeros(9, dtype=bool)
     expected[5:8] = True
@@ -259,7 +266,7 @@ def test_e5_v021_http_carries_only_generation_rows(version: str | None) -> None:
     assert not s.routes_TLK[:5].any()
     validate_samples([s], META)
     with pytest.raises(EngineOutputError, match="prompt_start"):
-        decode_vllm_http(body, META, generation_only=True, prompt_start=1)
+        decode_vllm_http(body, DecodeOptions(meta=META, generation_only=True, prompt_start=1))
 
 
 # --- the trainer's padded layout ----------------------------------------------------------------

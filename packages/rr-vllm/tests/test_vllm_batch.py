@@ -1,5 +1,6 @@
-"""decode_vllm_batch gives what decoding each output and validate_samples give: the same batch,
-or the same error, for every era, fault and prompt_start, on its one-copy path and off it."""
+"""decode_vllm_output(...).to_batch() gives what decoding each output and validate_samples
+give: the same batch, or the same error, for every era, fault and prompt_start, on its one-copy
+path and off it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from rr_core import RouteBatch, RouteMeta
 from rr_fakes.emulations.engines import Faults, VllmEra
-from rr_vllm import decode_vllm_batch, decode_vllm_output, validate_samples
+from rr_vllm import DecodeOptions, decode_vllm_output, validate_samples
 from rr_vllm.options import compact_dtype
 from rr_vllm.vllm.decode import _direct, read_request
 from vllm_testing import distinct_routes, fake_vllm_output, make_meta
@@ -43,7 +44,11 @@ def outputs(
 
 def reference(request_outputs: list[Any], meta: RouteMeta, **kw: Any) -> RouteBatch:
     ps = kw.pop("prompt_start", 0)
-    samples = [s for r in request_outputs for s in decode_vllm_output(r, meta, prompt_start=ps)]
+    samples = [
+        s
+        for r in request_outputs
+        for s in decode_vllm_output(r, DecodeOptions(meta=meta, prompt_start=ps))
+    ]
     return validate_samples(samples, meta, **kw)
 
 
@@ -69,7 +74,9 @@ def test_clean_batches_match(era: VllmEra, num_experts: int, prompt_start: int) 
     direct = era.has_prompt_start and num_experts <= 256  # 0.22+ returns uint8 up to 256
     assert _direct([read_request(o) for o in outs], compact_dtype(num_experts)) == direct
     same_outcome(
-        lambda: decode_vllm_batch(outs, meta, prompt_start=prompt_start),
+        lambda: decode_vllm_output(
+            outs, DecodeOptions(meta=meta, prompt_start=prompt_start)
+        ).to_batch(),
         lambda: reference(outs, meta, prompt_start=prompt_start),
     )
 
@@ -90,15 +97,21 @@ FAULTS = {
 def test_faulty_batches_give_the_same_error_or_batch(era: VllmEra, fault: str, where: int) -> None:
     meta = make_meta(8)
     outs = outputs(era, meta, faults={where: FAULTS[fault]})
-    same_outcome(lambda: decode_vllm_batch(outs, meta), lambda: reference(outs, meta))
+    same_outcome(
+        lambda: decode_vllm_output(outs, DecodeOptions(meta=meta)).to_batch(),
+        lambda: reference(outs, meta),
+    )
     kw = {"allow_all_zero": True, "logical_experts": 8}
-    same_outcome(lambda: decode_vllm_batch(outs, meta, **kw), lambda: reference(outs, meta, **kw))
+    same_outcome(
+        lambda: decode_vllm_output(outs, DecodeOptions(meta=meta, **kw)).to_batch(),
+        lambda: reference(outs, meta, **kw),
+    )
 
 
 def test_aborted_rows_are_invalid_and_the_rest_is_in_place() -> None:
     meta = make_meta(8)
     outs = outputs(VllmEra.V0_22, meta, faults={1: FAULTS["aborted"]})
-    batch = decode_vllm_batch(outs, meta)
+    batch = decode_vllm_output(outs, DecodeOptions(meta=meta)).to_batch()
     lengths = batch.lengths.tolist()
     assert lengths == [9, 4, 13, 13, 8]
     first, second = batch.offsets_B1[1:3].tolist()
@@ -111,7 +124,7 @@ def test_aborted_rows_are_invalid_and_the_rest_is_in_place() -> None:
 def test_moe_layers_meta_is_refused() -> None:
     meta = RouteMeta(num_experts=8, top_k=K, layer_axis="moe_layers", layer_numbers=(1, 2, 3, 4))
     with pytest.raises(Exception, match="all_layers"):
-        decode_vllm_batch([], meta)
+        decode_vllm_output([], DecodeOptions(meta=meta)).to_batch()
 
 
 @pytest.mark.parametrize("era", [VllmEra.V0_22, VllmEra.V0_32])
@@ -128,13 +141,13 @@ def test_a_batch_in_a_dropped_batchs_memory_equals_a_fresh_one(
     meta = make_meta(8, dense=(1,))
     faults = {} if fault == "none" else {2: FAULTS[fault]}
     outs = outputs(era, meta, prompt_start=prompt_start, faults=faults)
-    first = decode_vllm_batch(outs, meta, prompt_start=prompt_start)
+    first = decode_vllm_output(outs, DecodeOptions(meta=meta, prompt_start=prompt_start)).to_batch()
     first.values_NLK.fill_(0xFF)  # the memory the next batch reuses, dirty everywhere
     address = first.values_NLK.data_ptr()
     del first
-    again = decode_vllm_batch(outs, meta, prompt_start=prompt_start)
+    again = decode_vllm_output(outs, DecodeOptions(meta=meta, prompt_start=prompt_start)).to_batch()
     assert again.values_NLK.data_ptr() == address  # the dropped batch's memory, reused
     assert again.equal(reference(outs, meta, prompt_start=prompt_start))
-    held = decode_vllm_batch(outs, meta, prompt_start=prompt_start)
+    held = decode_vllm_output(outs, DecodeOptions(meta=meta, prompt_start=prompt_start)).to_batch()
     assert held.values_NLK.data_ptr() != again.values_NLK.data_ptr()  # a live batch is kept
     assert again.equal(held)

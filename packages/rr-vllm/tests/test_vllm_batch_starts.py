@@ -1,4 +1,4 @@
-"""decode_vllm_batch takes one routed_experts_prompt_start per request: a rollout mixes fresh
+"""decode_vllm_output takes one routed_experts_prompt_start per request: a rollout mixes fresh
 prompts (start 0) with continuations sent with a start, and one value for the whole batch
 either raises (row counts) or shifts every other request's rows."""
 
@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from rr_core import RouteMeta, RRError
-from rr_vllm import EngineOutputError, decode_vllm_batch, decode_vllm_output, validate_samples
+from rr_vllm import (
+    DecodeOptions,
+    EngineOutputError,
+    decode_vllm_output,
+    validate_samples,
+)
 
 META = RouteMeta(num_experts=8, top_k=2, layer_axis="all_layers", layer_numbers=(1, 2))
 
@@ -36,12 +41,12 @@ def test_each_request_is_decoded_with_its_own_prompt_start(dtype: str) -> None:
     ]
     for r in requests:
         r.outputs[0].routed_experts = r.outputs[0].routed_experts.astype(dtype)
-    batch = decode_vllm_batch(requests, META, prompt_start=starts)
+    batch = decode_vllm_output(requests, DecodeOptions(meta=META), prompt_starts=starts).to_batch()
     expected = validate_samples(
         [
             s
             for r, start in zip(requests, starts, strict=True)
-            for s in decode_vllm_output(r, META, prompt_start=start)
+            for s in decode_vllm_output(r, DecodeOptions(meta=META, prompt_start=start))
         ],
         META,
     )
@@ -56,11 +61,11 @@ def test_each_request_is_decoded_with_its_own_prompt_start(dtype: str) -> None:
 def test_one_start_for_a_mixed_batch_is_refused_by_the_row_counts() -> None:
     requests = [_request("a", [11, 12, 13], [21, 22], 0), _request("b", [11, 12, 13], [23], 2)]
     with pytest.raises(RRError, match="prompt_start=0"):
-        decode_vllm_batch(requests, META, prompt_start=0)
+        decode_vllm_output(requests, DecodeOptions(meta=META, prompt_start=0)).to_batch()
 
 
 @pytest.mark.parametrize("bad", [[0], [0, 1, 2], "01", [0, 1.0], [True, 0]])
 def test_prompt_starts_that_do_not_name_each_request_raise(bad: object) -> None:
     requests = [_request("a", [11, 12, 13], [21, 22], 0), _request("b", [11, 12], [23], 0)]
     with pytest.raises(EngineOutputError, match="prompt_start"):
-        decode_vllm_batch(requests, META, prompt_start=bad)  # type: ignore[arg-type]
+        decode_vllm_output(requests, DecodeOptions(meta=META), prompt_starts=bad).to_batch()  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from rr_core import RouteMeta
 from rr_fakes.emulations.engines import BlockObjectStoreError
 from rr_vllm import (
     CaptureError,
+    DecodeOptions,
     EngineOutputError,
     ModelGeometry,
     RouteStoreEvictedError,
@@ -314,11 +315,11 @@ META = RouteMeta(num_experts=8, top_k=2, layer_axis="all_layers", layer_numbers=
 )
 def test_http_store_eviction_body(body: dict[str, object]) -> None:
     with pytest.raises(RouteStoreEvictedError, match="max_bytes"):
-        decode_vllm_http(body, META)
+        decode_vllm_http(body, DecodeOptions(meta=META))
 
 
 def test_http_other_error_body() -> None:
     body = {"error": {"message": "prompt too long", "type": "BadRequestError", "code": 400}}
     with pytest.raises(EngineOutputError, match="prompt too long") as info:
-        decode_vllm_http(body, META)
+        decode_vllm_http(body, DecodeOptions(meta=META))
     assert not isinstance(info.value, RouteStoreEvictedError)

@@ -15,9 +15,10 @@ import torch
 from rr_core import AlignmentError, RouteMeta, RouteValidationError, align_routes
 from rr_fakes.emulations.engines import Faults, VllmEra, vllm_request_output
 from rr_vllm import (
+    DecodeOptions,
     EngineOutputError,
+    SampleRoutes,
     decode_routes_array,
-    decode_vllm_batch,
     decode_vllm_output,
     validate_samples,
 )
@@ -53,15 +54,19 @@ def outputs(meta: RouteMeta, n: int, faults: dict[int, Faults] | None = None) ->
 
 
 def reference(outs: list[Any], meta: RouteMeta, **kw: Any) -> Any:
-    return validate_samples([s for o in outs for s in decode_vllm_output(o, meta)], meta, **kw)
+    return validate_samples(
+        [s for o in outs for s in decode_vllm_output(o, DecodeOptions(meta=meta))], meta, **kw
+    )
 
 
 def test_threads_place_every_completion(threads: int) -> None:
     meta = make_meta(16, dense=(1,))
     outs = outputs(meta, 13)
-    batch = decode_vllm_batch(outs, meta)
+    batch = decode_vllm_output(outs, DecodeOptions(meta=meta)).to_batch()
     assert batch.equal(reference(outs, meta))
-    assert batch.equal(decode_vllm_batch(outs, meta, validate=False))
+    assert batch.equal(
+        decode_vllm_output(outs, DecodeOptions(meta=meta, validate=False)).to_batch()
+    )
 
 
 @pytest.mark.parametrize(
@@ -77,7 +82,7 @@ def test_the_first_failing_completion_is_reported(threads: int, first: int, seco
     with pytest.raises((EngineOutputError, RouteValidationError)) as want:
         reference(outs, meta, logical_experts=8)
     with pytest.raises(type(want.value)) as got:
-        decode_vllm_batch(outs, meta, logical_experts=8)
+        decode_vllm_output(outs, DecodeOptions(meta=meta, logical_experts=8)).to_batch()
     assert str(got.value) == str(want.value)
     assert isinstance(got.value, EngineOutputError if first < second else RouteValidationError)
 
@@ -88,8 +93,8 @@ def test_validate_false_skips_the_id_checks_only(fault: Faults) -> None:
     meta = make_meta(8)
     outs = outputs(meta, 4, {1: fault})
     with pytest.raises(RouteValidationError) as want:
-        decode_vllm_batch(outs, meta)
-    unchecked = decode_vllm_batch(outs, meta, validate=False)
+        decode_vllm_output(outs, DecodeOptions(meta=meta)).to_batch()
+    unchecked = decode_vllm_output(outs, DecodeOptions(meta=meta, validate=False)).to_batch()
     with pytest.raises(RouteValidationError) as got:
         unchecked.validate()
     assert str(got.value) == str(want.value)
@@ -99,10 +104,21 @@ def test_validate_false_still_checks_structure() -> None:
     meta = make_meta(8)
     missing = outputs(meta, 3, {2: Faults(missing=True)})
     with pytest.raises(EngineOutputError, match="D3"):
-        decode_vllm_batch(missing, meta, validate=False)
+        decode_vllm_output(missing, DecodeOptions(meta=meta, validate=False)).to_batch()
     physical = outputs(meta, 3, {0: Faults(physical_map=np.arange(8)[::-1] + 2)})
     with pytest.raises(RouteValidationError, match="E2"):
-        decode_vllm_batch(physical, meta, validate=False, logical_experts=8)
+        decode_vllm_output(
+            physical, DecodeOptions(meta=meta, validate=False, logical_experts=8)
+        ).to_batch()
+
+
+def _decode_one(
+    rows: np.ndarray, meta: RouteMeta, p: int, g: int, prompt_start: int
+) -> SampleRoutes | None:
+    options = DecodeOptions(meta=meta, prompt_start=prompt_start)
+    return decode_routes_array(
+        rows, options, num_prompt_tokens=p, num_generated_tokens=g, finish_reason="stop"
+    ).only()
 
 
 def test_decoders_accept_the_rows_align_routes_accepts_and_refuse_a_g4_shift() -> None:
@@ -122,15 +138,7 @@ def test_decoders_accept_the_rows_align_routes_accepts_and_refuse_a_g4_shift() -
                     except AlignmentError:
                         accepted = False
                     shifted = 0 < prompt_start < t and num_rows == t - prompt_start
-                    decode = functools.partial(
-                        decode_routes_array,
-                        rows,
-                        meta,
-                        num_prompt_tokens=p,
-                        num_generated_tokens=g,
-                        prompt_start=prompt_start,
-                        finish_reason="stop",
-                    )
+                    decode = functools.partial(_decode_one, rows, meta, p, g, prompt_start)
                     if prompt_start < 0:
                         with pytest.raises(EngineOutputError, match="prompt_start"):
                             decode()

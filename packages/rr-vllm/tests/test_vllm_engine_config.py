@@ -86,7 +86,7 @@ def test_decode_options_refuse_a_corrupting_configuration_built_by_hand() -> Non
     routes = distinct_routes(META, P + G - 1)
     answer = sglang_response(prompt_ids=range(P), generated_ids=range(G), routes_TLK=routes)
     with pytest.raises(CaptureError, match="E8"):
-        decode_sglang(answer, META, engine_config=bad)
+        decode_sglang(answer, DecodeOptions(meta=META, engine_config=bad)).only()
     with pytest.raises(CaptureError, match="speculative_topk must be int"):
         EngineConfig(engine="sglang", speculative_topk="4")  # type: ignore[arg-type]
 
@@ -100,19 +100,21 @@ def test_decode_replica_prompt_rows_are_refused_unless_merged() -> None:
     answer = sglang_response(prompt_ids=range(P), generated_ids=range(G), routes_TLK=routes)
     config = _decode_replica_sglang()
     with pytest.raises(CaptureError, match=r"rows 0\.\.5 are the prompt's.*`rr explain D8`"):
-        decode_sglang(answer, META, engine_config=config)
+        decode_sglang(answer, DecodeOptions(meta=META, engine_config=config)).only()
     # Rows from P on are the decode replica's own.
     late = sglang_response(
         prompt_ids=range(P), generated_ids=range(G), routes_TLK=routes, start_len=P
     )
-    sample = decode_sglang(late, META, engine_config=config, start_len=P)
+    sample = decode_sglang(
+        late, DecodeOptions(meta=META, engine_config=config, prompt_start=P)
+    ).only()
     assert sample is not None
     assert sample.valid_T.tolist() == [False] * P + [True] * (G - 1) + [False]
     # A router that spliced the prefill rows in already: the answer is whole.
     merged = sglang_engine_config(
         sglang_server_info(disaggregation_mode="decode"), prompt_rows_merged=True
     )
-    whole = decode_sglang(answer, META, engine_config=merged)
+    whole = decode_sglang(answer, DecodeOptions(meta=META, engine_config=merged)).only()
     assert whole is not None
     np.testing.assert_array_equal(whole.routes_TLK[: P + G - 1], routes)
 
@@ -122,16 +124,25 @@ def _samples(seed: int = 2, *, stale: bool = True) -> tuple[Any, Any, np.ndarray
     (rows from P, or from 0 with stale prompt rows), and the true rows of the request."""
     truth = distinct_routes(META, P + G - 1, seed=seed)
     prefill = decode_routes_array(
-        truth[:P], META, num_prompt_tokens=P, num_generated_tokens=1, finish_reason="length"
-    )
+        truth[:P],
+        DecodeOptions(meta=META),
+        num_prompt_tokens=P,
+        num_generated_tokens=1,
+        finish_reason="length",
+    ).only()
     if stale:
         rows = truth.copy()
         rows[:P] = distinct_routes(META, P, seed=seed + 10)  # whatever the buffer held
-        decode = decode_routes_array(rows, META, num_prompt_tokens=P, num_generated_tokens=G)
+        decode = decode_routes_array(
+            rows, DecodeOptions(meta=META), num_prompt_tokens=P, num_generated_tokens=G
+        ).only()
     else:
         decode = decode_routes_array(
-            truth[P:], META, num_prompt_tokens=P, num_generated_tokens=G, prompt_start=P
-        )
+            truth[P:],
+            DecodeOptions(meta=META, prompt_start=P),
+            num_prompt_tokens=P,
+            num_generated_tokens=G,
+        ).only()
     return prefill, decode, truth
 
 
@@ -149,31 +160,43 @@ def test_merge_split_routes_joins_prefill_prompt_rows_and_decode_rows(stale: boo
 def test_merge_split_routes_checks_lengths_dtypes_and_coverage() -> None:
     prefill, decode, truth = _samples(stale=False)
     other = decode_routes_array(
-        truth[: P - 1], META, num_prompt_tokens=P - 1, num_generated_tokens=1
-    )
+        truth[: P - 1], DecodeOptions(meta=META), num_prompt_tokens=P - 1, num_generated_tokens=1
+    ).only()
     with pytest.raises(EngineOutputError, match="5 prompt tokens, the decode replica's 6"):
         merge_split_routes(other, decode)
     narrow = decode_routes_array(
-        truth[:P].astype(np.uint8), META, num_prompt_tokens=P, num_generated_tokens=1
-    )
+        truth[:P].astype(np.uint8),
+        DecodeOptions(meta=META),
+        num_prompt_tokens=P,
+        num_generated_tokens=1,
+    ).only()
     with pytest.raises(EngineOutputError, match="prefill ids are uint8, decode ids int64"):
         merge_split_routes(narrow, decode)
     wide = make_meta(dense=(1,), top_k=3)
     three = decode_routes_array(
-        distinct_routes(wide, P), wide, num_prompt_tokens=P, num_generated_tokens=1
-    )
+        distinct_routes(wide, P),
+        DecodeOptions(meta=wide),
+        num_prompt_tokens=P,
+        num_generated_tokens=1,
+    ).only()
     with pytest.raises(EngineOutputError, match=r"prefill rows are \[4, 3\].*decode rows \[4, 2\]"):
         merge_split_routes(three, decode)
     late = decode_routes_array(
-        truth[2:P], META, num_prompt_tokens=P, num_generated_tokens=1, prompt_start=2
-    )
+        truth[2:P],
+        DecodeOptions(meta=META, prompt_start=2),
+        num_prompt_tokens=P,
+        num_generated_tokens=1,
+    ).only()
     merged = merge_split_routes(late, decode)  # rows from 2 are whole from there
     assert merged.valid_T[:P].tolist() == [False, False, True, True, True, True]
     with pytest.raises(EngineOutputError, match="must be a SampleRoutes"):
         merge_split_routes(truth, decode)  # type: ignore[arg-type]
     gap = decode_routes_array(
-        truth[P + 1 :], META, num_prompt_tokens=P, num_generated_tokens=G, prompt_start=P + 1
-    )
+        truth[P + 1 :],
+        DecodeOptions(meta=META, prompt_start=P + 1),
+        num_prompt_tokens=P,
+        num_generated_tokens=G,
+    ).only()
     with pytest.raises(EngineOutputError, match="no row for token 6"):
         merge_split_routes(prefill, gap)
 
@@ -183,22 +206,22 @@ def test_a_streamed_decode_replica_answer_merges() -> None:
     config = EngineConfig(engine="vllm", version="0.33.0", disaggregation="decode")
     (decode,) = decode_vllm_stream(
         vllm_generate_stream(out, chunk_tokens=2, include_usage=True),
-        META,
-        prompt_start=P,
-        engine_config=config,
+        DecodeOptions(meta=META, prompt_start=P, engine_config=config),
     )
     assert decode.routes_TLK.dtype == np.uint8  # 0.32+ sends compact ids
     prefill = decode_routes_array(
-        truth[:P].astype(np.uint8), META, num_prompt_tokens=P, num_generated_tokens=1
-    )
+        truth[:P].astype(np.uint8),
+        DecodeOptions(meta=META),
+        num_prompt_tokens=P,
+        num_generated_tokens=1,
+    ).only()
     merged = merge_split_routes(prefill, decode)
     np.testing.assert_array_equal(merged.routes_TLK[: P + G - 1], truth)
     stale, _ = streamed_output(P, G, seed=4)  # the same answer, sent without prompt_start
     with pytest.raises(CaptureError, match="D8"):
         decode_vllm_stream(
             vllm_generate_stream(stale, chunk_tokens=2, include_usage=True),
-            META,
-            engine_config=config,
+            DecodeOptions(meta=META, engine_config=config),
         )
 
 
@@ -230,7 +253,7 @@ def test_real_vllm_engine_args_are_read() -> None:
         "0.32+", prompt_ids=range(P), generated_ids=range(G), routes_TLK=routes, num_experts=8
     )
     with pytest.raises(CaptureError, match=r"decode replica of a prefill/decode split \(vllm\)"):
-        decode_vllm_output(out, META, engine_config=config)
+        list(decode_vllm_output(out, DecodeOptions(meta=META, engine_config=config)))
 
 
 @needs_vllm
@@ -253,7 +276,9 @@ def test_provenance_is_stored_with_the_routes(tmp_path: Path) -> None:
     answer = sglang_response(
         prompt_ids=range(P), generated_ids=range(G), routes_TLK=routes, sglang_version="0.5.12"
     )
-    sample = decode_sglang(answer, META, engine_config=config, sglang_version="0.5.12")
+    sample = decode_sglang(
+        answer, DecodeOptions(meta=META, engine_config=config, engine_version="0.5.12")
+    ).only()
     batch = validate_samples([sample], META)
     path = save_routes(tmp_path / "r.rr", batch, provenance=config.provenance("int32"))
     assert read_header(path).provenance == {
@@ -276,7 +301,7 @@ def test_sglang_routed_experts_dtype_is_read_when_present(dtype: str) -> None:
     answer = sglang_response(
         prompt_ids=range(P), generated_ids=range(G), routes_TLK=routes, wire_dtype=dtype
     )
-    sample = decode_sglang(answer, meta)
+    sample = decode_sglang(answer, DecodeOptions(meta=meta)).only()
     assert sample is not None
     assert sample.routes_TLK.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(sample.routes_TLK[: P + G - 1], routes)
@@ -284,7 +309,7 @@ def test_sglang_routed_experts_dtype_is_read_when_present(dtype: str) -> None:
     del answer["meta_info"]["routed_experts_dtype"]
     if dtype != "int32":
         with pytest.raises(EngineOutputError, match=r"(uint8|int16), where SGLang sends int32"):
-            decode_sglang(answer, meta)
+            decode_sglang(answer, DecodeOptions(meta=meta)).only()
 
 
 def test_an_unknown_routed_experts_dtype_is_refused() -> None:
@@ -294,7 +319,7 @@ def test_an_unknown_routed_experts_dtype_is_refused() -> None:
     )
     answer["meta_info"]["routed_experts_dtype"] = "float16"
     with pytest.raises(EngineOutputError, match="routed_experts_dtype'] is 'float16'"):
-        decode_sglang(answer, META)
+        decode_sglang(answer, DecodeOptions(meta=META)).only()
 
 
 def _turn(routes: np.ndarray, dtype: str) -> np.ndarray:
@@ -369,21 +394,22 @@ def test_sglang_streams_of_a_decode_replica_are_never_merged() -> None:
     merged = sglang_engine_config(
         sglang_server_info(disaggregation_mode="decode"), prompt_rows_merged=True
     )
-    assert decode_sglang(item, META, engine_config=merged) is not None
+    assert decode_sglang(item, DecodeOptions(meta=META, engine_config=merged)).only() is not None
     with pytest.raises(CaptureError, match="D8"):
-        decode_sglang_stream(sglang_openai_stream(item), META, engine_config=merged)
+        decode_sglang_stream(
+            sglang_openai_stream(item), DecodeOptions(meta=META, engine_config=merged)
+        ).only()
     late = sglang_response(
         prompt_ids=range(P), generated_ids=range(G), routes_TLK=routes, start_len=P
     )
     sample = decode_sglang_stream(
-        sglang_openai_stream(late), META, engine_config=merged, start_len=P
-    )
+        sglang_openai_stream(late), DecodeOptions(meta=META, engine_config=merged, prompt_start=P)
+    ).only()
     assert sample is not None
     assert sample.valid_T[P : P + G - 1].all()
 
 
 def test_a_whole_batch_of_a_decode_replica_is_refused_unless_rows_start_at_the_prompt() -> None:
-    from rr_vllm import decode_vllm_batch
 
     routes = distinct_routes(META, P + G - 1, seed=12)
     config = EngineConfig(engine="vllm", version="0.33.0", disaggregation="decode")
@@ -399,6 +425,7 @@ def test_a_whole_batch_of_a_decode_replica_is_refused_unless_rows_start_at_the_p
         )
 
     with pytest.raises(CaptureError, match="D8"):
-        decode_vllm_batch([request(0)], META, engine_config=config)
-    batch = decode_vllm_batch([request(P)], META, engine_config=config, prompt_start=P)
+        decode_vllm_output([request(0)], DecodeOptions(meta=META, engine_config=config)).to_batch()
+    options = DecodeOptions(meta=META, engine_config=config, prompt_start=P)
+    batch = decode_vllm_output([request(P)], options).to_batch()
     assert batch.valid_N.tolist() == [False] * P + [True] * (G - 1) + [False]

@@ -28,7 +28,7 @@ from rr_fakes.emulations.engines import (
     vllm_generate_stream,
     vllm_http_response,
 )
-from rr_vllm import EngineOutputError, decode_vllm_http, decode_vllm_stream
+from rr_vllm import DecodeOptions, EngineOutputError, decode_vllm_http, decode_vllm_stream
 
 META = RouteMeta(
     num_experts=8,
@@ -166,18 +166,18 @@ def test_the_emulated_answer_has_the_real_fields_in_order(real: Any, fake: Any) 
 def test_the_default_completion_answer_needs_return_token_ids() -> None:
     for body in (REAL_COMPLETION, vllm_http_response(_output(), return_token_ids=False)):
         with pytest.raises(EngineOutputError, match="return_token_ids=true"):
-            decode_vllm_http(body, META)
+            decode_vllm_http(body, DecodeOptions(meta=META))
         # the null choice field no longer hides the argument, and the advice says why it
         # is not enough: the generated tokens are unknown
         with pytest.raises(EngineOutputError, match="cannot replace them"):
-            decode_vllm_http(body, META, prompt_token_ids=PROMPT)
-    (sample,) = decode_vllm_http(vllm_http_response(_output()), META)
+            decode_vllm_http(body, DecodeOptions(meta=META), num_prompt_tokens=len(PROMPT))
+    (sample,) = decode_vllm_http(vllm_http_response(_output()), DecodeOptions(meta=META))
     _check(sample)
 
 
 @pytest.mark.parametrize("body", [REAL_CHAT, REAL_GENERATE], ids=["chat", "generate"])
 def test_the_response_level_prompt_ids_place_the_routes(body: dict[str, Any]) -> None:
-    (sample,) = decode_vllm_http(body, META)
+    (sample,) = decode_vllm_http(body, DecodeOptions(meta=META))
     _check(sample)
 
 
@@ -185,7 +185,7 @@ def test_the_generate_answer_without_prompt_ids_takes_them_from_the_caller() -> 
     body = vllm_generate_response(_output(), return_token_ids=False)
     assert body["prompt_token_ids"] is None
     assert body["choices"][0]["token_ids"] == TOKENS
-    (sample,) = decode_vllm_http(body, META, prompt_token_ids=PROMPT)
+    (sample,) = decode_vllm_http(body, DecodeOptions(meta=META), num_prompt_tokens=len(PROMPT))
     _check(sample)
 
 
@@ -200,7 +200,7 @@ def test_the_emulated_generate_stream_is_the_real_one() -> None:
 def test_a_whole_sse_body_decodes(form: str) -> None:
     text = _events(REAL_GENERATE_STREAM)
     stream: Any = {"text": text, "bytes": text.encode(), "lines": text.splitlines()}[form]
-    (sample,) = decode_vllm_stream(stream, META)
+    (sample,) = decode_vllm_stream(stream, DecodeOptions(meta=META))
     _check(sample)
 
 
@@ -210,4 +210,4 @@ def test_the_emulated_chat_stream_is_the_real_one() -> None:
     assert [_shape(c) for c in fake] == [_shape(c) for c in REAL_CHAT_STREAM]
     assert fake[0]["prompt_token_ids"] == PROMPT
     with pytest.raises(EngineOutputError, match="OpenAI streaming"):
-        decode_vllm_stream(_events(REAL_CHAT_STREAM), META)
+        decode_vllm_stream(_events(REAL_CHAT_STREAM), DecodeOptions(meta=META))

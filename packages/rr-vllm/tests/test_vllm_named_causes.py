@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 
 from rr_fakes.emulations.engines import vllm_request_output
-from rr_vllm import CaptureError, EngineOutputError, decode_vllm_batch, decode_vllm_output
+from rr_vllm import (
+    CaptureError,
+    DecodeOptions,
+    EngineOutputError,
+    decode_vllm_output,
+)
 from rr_vllm.releases import sglang_flags
 from vllm_testing import META, distinct_routes
 
@@ -40,10 +45,12 @@ def request(name: str, p: int, g: int, start: int) -> object:
 def test_one_start_for_requests_sent_with_different_starts_says_what_to_pass() -> None:
     requests = [request("a", 5, 3, 0), request("b", 6, 2, 4), request("c", 4, 4, 1)]
     with pytest.raises(EngineOutputError, match=r"pass prompt_starts=\[0, 4, 1\]"):
-        decode_vllm_batch(requests, META)
-    batch = decode_vllm_batch(requests, META, prompt_start=[0, 4, 1])
+        decode_vllm_output(requests, DecodeOptions(meta=META)).to_batch()
+    batch = decode_vllm_output(
+        requests, DecodeOptions(meta=META), prompt_starts=[0, 4, 1]
+    ).to_batch()
     for b, (r, start) in enumerate(zip(requests, [0, 4, 1], strict=True)):
-        (sample,) = decode_vllm_output(r, META, prompt_start=start)
+        (sample,) = decode_vllm_output(r, DecodeOptions(meta=META, prompt_start=start))
         values, valid = batch.sequence(b)
         assert valid.tolist() == sample.valid_T.tolist()
         assert (values.numpy() == sample.routes_TLK).all()

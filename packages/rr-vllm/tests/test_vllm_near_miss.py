@@ -31,7 +31,6 @@ from rr_fakes.sweeps import (
 from rr_vllm import (
     DecodeOptions,
     decode_routes_array,
-    decode_vllm_batch,
     decode_vllm_http,
     decode_vllm_output,
     decode_vllm_stream,
@@ -45,10 +44,10 @@ ROUTES = distinct_routes(META, P + G - 1, seed=11)
 OUT = vllm_request_output(
     "0.32+", prompt_ids=range(P), generated_ids=range(G), routes_TLK=ROUTES, num_experts=8
 )
-(EXPECTED,) = decode_vllm_output(OUT, META)
+(EXPECTED,) = decode_vllm_output(OUT, DecodeOptions(meta=META))
 STREAM_OUT, _ = streamed_output(start=2)
 STREAM = "".join(vllm_generate_stream(STREAM_OUT, include_usage=True)).encode()
-(STREAMED,) = decode_vllm_stream([STREAM], META, prompt_start=2)
+(STREAMED,) = decode_vllm_stream([STREAM], DecodeOptions(meta=META, prompt_start=2))
 
 
 def same(sample: Any, expected: Any = EXPECTED) -> bool:
@@ -62,7 +61,7 @@ def same(sample: Any, expected: Any = EXPECTED) -> bool:
 @given(chunks=byte_chunks(STREAM))
 def test_a_stream_in_byte_chunks_decodes_as_the_whole(chunks: list[bytes]) -> None:
     # an intact body: the right result only, a refusal is wrong here
-    (sample,) = decode_vllm_stream(chunks, META, prompt_start=2)
+    (sample,) = decode_vllm_stream(chunks, DecodeOptions(meta=META, prompt_start=2))
     assert same(sample, STREAMED)
 
 
@@ -70,7 +69,10 @@ def test_a_stream_in_byte_chunks_decodes_as_the_whole(chunks: list[bytes]) -> No
 @given(text=json_text(vllm_http_response(OUT)))
 def test_an_http_answer_as_json_text_is_read_or_named(text: Any) -> None:
     right_or_named(
-        lambda: decode_vllm_http(text, META), "response", "mapping", right=lambda o: same(o[0])
+        lambda: decode_vllm_http(text, DecodeOptions(meta=META)),
+        "response",
+        "mapping",
+        right=lambda o: same(o[0]),
     )
 
 
@@ -79,7 +81,9 @@ def test_an_http_answer_as_json_text_is_read_or_named(text: Any) -> None:
 def test_route_ids_in_another_dtype_decode_alike_or_are_named(data: st.DataObject) -> None:
     routes = data.draw(widened(ROUTES))
     right_or_named(
-        lambda: decode_routes_array(routes, META, num_prompt_tokens=P, num_generated_tokens=G),
+        lambda: decode_routes_array(
+            routes, DecodeOptions(meta=META), num_prompt_tokens=P, num_generated_tokens=G
+        ).only(),
         "routes",
         "dtype",
         right=lambda s: np.array_equal(s.routes_TLK.astype(np.int64), EXPECTED.routes_TLK),
@@ -127,4 +131,9 @@ def test_an_abort_policy_in_another_spelling_is_the_policy_or_named(policy: str)
 @given(count=just_past(2))
 def test_per_request_starts_past_the_request_count_are_named(count: int) -> None:
     starts = [0] * count
-    right_or_named(lambda: decode_vllm_batch([OUT, OUT], META, prompt_start=starts), "prompt_start")
+    right_or_named(
+        lambda: decode_vllm_output(
+            [OUT, OUT], DecodeOptions(meta=META), prompt_starts=starts
+        ).to_batch(),
+        "prompt_start",
+    )

@@ -15,7 +15,7 @@ from rr_core import AlignmentError
 from rr_fakes.emulations.engines import EngineDeadError, vllm_request_output
 from rr_vllm import (
     CaptureError,
-    decode_vllm_batch,
+    DecodeOptions,
     decode_vllm_output,
     drop_rows_before,
     prompt_start_to_send,
@@ -102,7 +102,7 @@ def _guarded(p: int, g: int, start: int, version: str, seed: int) -> tuple[objec
     routes = distinct_routes(META, p + g - 1, seed=seed)
     sent = _fields(p, start, version)["routed_experts_prompt_start"]
     out = _answer(era, p, g, routes, sent, version)
-    (sample,) = decode_vllm_output(out, META, prompt_start=sent)
+    (sample,) = decode_vllm_output(out, DecodeOptions(meta=META, prompt_start=sent))
     assert sample is not None
     return drop_rows_before(sample, start), routes
 
@@ -144,7 +144,7 @@ def test_the_guard_row_is_the_last_prompt_tokens_route() -> None:
         prompt_start=p - 1,
         engine_version="0.28.0",
     )
-    (sample,) = decode_vllm_output(out, META, prompt_start=p - 1)
+    (sample,) = decode_vllm_output(out, DecodeOptions(meta=META, prompt_start=p - 1))
     assert sample is not None
     assert sample.valid_T[p - 1]
     assert not sample.valid_T[: p - 1].any()
@@ -169,6 +169,6 @@ def test_decoding_the_sent_p_minus_1_answer_with_p_is_refused_not_shifted(versio
     assert sent == p - 1
     out = _answer("0.22-0.31", p, g, routes, sent, version)
     with pytest.raises(AlignmentError, match=r"sent with prompt_start=5.*G4"):
-        decode_vllm_output(out, META, prompt_start=p)
+        list(decode_vllm_output(out, DecodeOptions(meta=META, prompt_start=p)))
     with pytest.raises(AlignmentError, match="G4"):
-        decode_vllm_batch([out], META, prompt_start=p)
+        decode_vllm_output([out], DecodeOptions(meta=META, prompt_start=p)).to_batch()

@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 
 from rr_core import RRError
 from rr_fakes.emulations.engines import r3v1_payload, r3v1_raw, r3v1_wrap
-from rr_vllm import EngineOutputError, decode_r3v1, read_r3v1_header, validate_samples
+from rr_vllm import (
+    DecodeOptions,
+    EngineOutputError,
+    decode_r3v1,
+    read_r3v1_header,
+    validate_samples,
+)
 from rr_vllm._supported import R3V1_EXTRA
 from vllm_testing import META, distinct_routes, make_meta
 
@@ -37,9 +43,11 @@ def moe_ids(meta, t: int = T, seed: int = 0) -> np.ndarray:
     return distinct_routes(meta, t, seed)[:, list(meta.moe_slots)]
 
 
-def decode(data, meta=META, **kw):
-    p, t = kw.pop("p", P), kw.pop("t", T)
-    return decode_r3v1(data, meta, num_prompt_tokens=p, num_generated_tokens=t - p, **kw)
+def decode(data, meta=META, *, p=P, t=T, finish_reason=None, on_abort="mask"):
+    options = DecodeOptions(meta=meta, on_abort=on_abort)
+    return decode_r3v1(
+        data, options, num_prompt_tokens=p, num_generated_tokens=t - p, finish_reason=finish_reason
+    ).only()
 
 
 @SETTINGS
@@ -69,7 +77,12 @@ def test_round_trip(t, mask_seed, shape, num_experts, frames, seed) -> None:
         frames=frames,
         num_experts=num_experts,
     )
-    s = decode_r3v1(data, meta, num_prompt_tokens=min(P, t), num_generated_tokens=t - min(P, t))
+    s = decode_r3v1(
+        data,
+        DecodeOptions(meta=meta),
+        num_prompt_tokens=min(P, t),
+        num_generated_tokens=t - min(P, t),
+    ).only()
     assert s is not None
     assert s.valid_T.tolist() == valid.tolist()
     np.testing.assert_array_equal(s.routes_TLK[valid], routes_TLK[valid])

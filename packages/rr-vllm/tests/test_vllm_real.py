@@ -18,9 +18,9 @@ vllm = importlib.import_module("vllm")
 
 from rr_fakes.emulations.engines import VllmEra, vllm_http_response  # noqa: E402
 from rr_vllm import (  # noqa: E402
+    DecodeOptions,
     ModelGeometry,
     RouteStoreEvictedError,
-    decode_vllm_batch,
     decode_vllm_http,
     decode_vllm_output,
     explain_store_errors,
@@ -54,11 +54,15 @@ def test_real_classes_decode(era: VllmEra) -> None:
     out = build(era, rows)
     assert isinstance(out, outputs.RequestOutput)
     assert isinstance(out.outputs[0], outputs.CompletionOutput)
-    (s,) = decode_vllm_output(out, META)
+    (s,) = decode_vllm_output(out, DecodeOptions(meta=META))
     assert s is not None
     np.testing.assert_array_equal(s.routes_TLK[:-1], rows)
     batch = validate_samples([s], META)
-    assert decode_vllm_batch([out, out], META).equal(validate_samples([s, s], META))
+    assert (
+        decode_vllm_output([out, out], DecodeOptions(meta=META))
+        .to_batch()
+        .equal(validate_samples([s, s], META))
+    )
     assert batch.num_tokens == P + G
 
 
@@ -89,7 +93,7 @@ def test_request_output_add_keeps_the_terminal_routes() -> None:
     agg = answer(first, finished=False)
     agg.add(answer(last, finished=True), aggregate=True)
     assert list(agg.outputs[0].token_ids) == list(c.token_ids)
-    (s,) = decode_vllm_output(agg, META)
+    (s,) = decode_vllm_output(agg, DecodeOptions(meta=META))
     assert s is not None
     np.testing.assert_array_equal(s.routes_TLK[:-1], rows)
 
@@ -99,7 +103,7 @@ def test_numpy2base64_round_trip() -> None:
     rows = routes().astype(np.uint8)
     body = vllm_http_response(build(VllmEra.V0_32, rows))
     body["choices"][0]["routed_experts"] = serial.numpy2base64(rows)
-    (s,) = decode_vllm_http(body, META)
+    (s,) = decode_vllm_http(body, DecodeOptions(meta=META))
     assert s is not None
     np.testing.assert_array_equal(s.routes_TLK[:-1], rows)
 
@@ -115,7 +119,9 @@ def test_sampling_params_take_the_generated_fields(prompt_start: int) -> None:
     assert params.max_tokens == 16
     assert params.routed_experts_prompt_start == prompt_start
     out = build(VllmEra.V0_32, routes(), prompt_start=prompt_start)
-    (s,) = decode_vllm_output(out, META, prompt_start=params.routed_experts_prompt_start)
+    (s,) = decode_vllm_output(
+        out, DecodeOptions(meta=META, prompt_start=params.routed_experts_prompt_start)
+    )
     assert s is not None
     assert s.valid_T.sum() == P + G - 1 - prompt_start
 

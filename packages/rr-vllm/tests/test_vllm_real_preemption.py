@@ -22,7 +22,7 @@ from packaging.version import Version
 pytest.importorskip("vllm.outputs", reason="vllm is not installed")
 
 from rr_core import AlignmentError
-from rr_vllm import decode_vllm_output, installed_vllm_version, validate_samples
+from rr_vllm import DecodeOptions, decode_vllm_output, installed_vllm_version, validate_samples
 from vllm_testing import META, distinct_routes
 
 release = installed_vllm_version()
@@ -98,7 +98,7 @@ def test_d4_preempted_request_keeps_its_first_pass_rows() -> None:
     rows = distinct_routes(META, P + G - 1).astype(np.uint8)
     out = run_preempted(first_pass_and_resume(rows))
     assert list(out.outputs[0].token_ids) == [20, 21, 22, 23]
-    (s,) = decode_vllm_output(out, META)
+    (s,) = decode_vllm_output(out, DecodeOptions(meta=META))
     assert s is not None
     assert s.routes_TLK.shape[0] == P + G
     np.testing.assert_array_equal(s.routes_TLK[:-1], rows)
@@ -113,4 +113,4 @@ def test_d4_re_emitted_context_rows_are_refused() -> None:
     out = run_preempted(first_pass_and_resume(rows, rerouted))
     assert out.outputs[0].routed_experts.shape[0] == P + G - 1 + P + 1
     with pytest.raises(AlignmentError, match=rf"N={P + G - 1 + P + 1} route rows for T={P + G}"):
-        decode_vllm_output(out, META)
+        list(decode_vllm_output(out, DecodeOptions(meta=META)))

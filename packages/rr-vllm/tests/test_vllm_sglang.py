@@ -20,6 +20,7 @@ from rr_fakes.emulations.engines._wire import sglang_openai_response, sglang_ope
 from rr_fakes.pins import TESTED_SGLANG
 from rr_vllm import (
     CaptureError,
+    DecodeOptions,
     EngineOutputError,
     SampleRoutes,
     decode_sglang,
@@ -93,10 +94,12 @@ def test_flags_per_release() -> None:
 @pytest.mark.parametrize("start_len", [0, 2, P])
 def test_generate_decodes_alike_on_every_release(version: str, start_len: int) -> None:
     body = generate(version, start_len)
-    s = decode_sglang(body, META, start_len=start_len, sglang_version=version)
+    s = decode_sglang(
+        body, DecodeOptions(meta=META, prompt_start=start_len, engine_version=version)
+    ).only()
     assert_sample(s, start_len)
     # without the version the row count tells an ignored start_len from an honoured one
-    same(decode_sglang(body, META, start_len=start_len), s)
+    same(decode_sglang(body, DecodeOptions(meta=META, prompt_start=start_len)).only(), s)
     validate_samples([s], META)  # type: ignore[list-item]
 
 
@@ -106,7 +109,9 @@ def test_an_ignored_start_len_sends_every_row(version: str) -> None:
     raw = base64.b64decode(body["meta_info"]["routed_experts"])
     assert len(raw) == ROUTES[..., :].size * 4  # rows [0, seqlen - 1): the field never arrived
     with pytest.raises(AlignmentError):  # 0.5.12+ would have cut them: a mislabelled version
-        decode_sglang(body, META, start_len=2, sglang_version="0.5.12")
+        decode_sglang(
+            body, DecodeOptions(meta=META, prompt_start=2, engine_version="0.5.12")
+        ).only()
 
 
 @pytest.mark.parametrize("version", ["0.5.7", "0.5.9"])
@@ -115,7 +120,7 @@ def test_engine_without_tokenizer_returns_the_tensor(version: str) -> None:
     value = body["meta_info"]["routed_experts"]
     assert isinstance(value, torch.Tensor)
     assert value.dtype == torch.int32
-    assert_sample(decode_sglang(body, META, sglang_version=version), 0)
+    assert_sample(decode_sglang(body, DecodeOptions(meta=META, engine_version=version)).only(), 0)
     assert isinstance(generate("0.5.10", tokenizer=False)["meta_info"]["routed_experts"], str)
 
 
@@ -124,7 +129,7 @@ def test_a_streamed_generate_chunk_before_the_last_is_named() -> None:
     del info["routed_experts"]
     info["finish_reason"] = None
     with pytest.raises(EngineOutputError, match="final chunk only"):
-        decode_sglang(info, META)
+        decode_sglang(info, DecodeOptions(meta=META)).only()
 
 
 # --- faults ---------------------------------------------------------------------------------------
@@ -134,9 +139,11 @@ def test_a_streamed_generate_chunk_before_the_last_is_named() -> None:
 def test_start_len_beyond_the_prompt_is_refused(version: str) -> None:
     body = generate(version, start_len=P + 1)
     with pytest.raises(EngineOutputError, match=r"beyond the prompt's 6 tokens"):
-        decode_sglang(body, META, start_len=P + 1, sglang_version=version)
+        decode_sglang(
+            body, DecodeOptions(meta=META, prompt_start=P + 1, engine_version=version)
+        ).only()
     with pytest.raises(EngineOutputError, match="beyond"):
-        decode_sglang(body, META, start_len=P + 1)
+        decode_sglang(body, DecodeOptions(meta=META, prompt_start=P + 1)).only()
 
 
 def test_start_len_beyond_the_prompt_aborts_on_new_releases() -> None:
@@ -153,7 +160,9 @@ def test_another_item_size_is_named(dtype: type, name: str, start_len: int) -> N
         ROUTES[start_len:].astype(dtype).tobytes()
     ).decode()
     with pytest.raises(EngineOutputError, match=f"{name}, where SGLang sends int32"):
-        decode_sglang(body, META, start_len=start_len, sglang_version="0.5.23")
+        decode_sglang(
+            body, DecodeOptions(meta=META, prompt_start=start_len, engine_version="0.5.23")
+        ).only()
 
 
 def test_uint8_rows_are_named() -> None:
@@ -163,7 +172,7 @@ def test_uint8_rows_are_named() -> None:
     )
     body["meta_info"]["routed_experts"] = base64.b64encode(routes.astype(np.uint8)).decode()
     with pytest.raises(EngineOutputError, match="uint8"):
-        decode_sglang(body, META)
+        decode_sglang(body, DecodeOptions(meta=META)).only()
 
 
 def test_wrong_lengths() -> None:
@@ -171,25 +180,27 @@ def test_wrong_lengths() -> None:
     raw = base64.b64decode(body["meta_info"]["routed_experts"])
     body["meta_info"]["routed_experts"] = base64.b64encode(raw[:-4]).decode()
     with pytest.raises(EngineOutputError, match="not a multiple"):
-        decode_sglang(body, META)
+        decode_sglang(body, DecodeOptions(meta=META)).only()
     row = 4 * len(META.layer_numbers) * META.top_k
     body["meta_info"]["routed_experts"] = base64.b64encode(raw[:-row]).decode()
     with pytest.raises(AlignmentError):
-        decode_sglang(body, META)
+        decode_sglang(body, DecodeOptions(meta=META)).only()
 
 
 @pytest.mark.parametrize("version", ["0.5.7", "0.5.23"])
 def test_missing_when_requested_is_d3(version: str) -> None:
     with pytest.raises(EngineOutputError, match="D3"):
-        decode_sglang(generate(version, faults=Faults(missing=True)), META)
+        decode_sglang(
+            generate(version, faults=Faults(missing=True)), DecodeOptions(meta=META)
+        ).only()
 
 
 def test_aborted_requests_are_masked_or_dropped() -> None:
     body = generate("0.5.23", faults=Faults(abort_after_rows=2))
-    masked = decode_sglang(body, META)
+    masked = decode_sglang(body, DecodeOptions(meta=META)).only()
     assert masked is not None
     assert not masked.valid_T.any()
-    assert decode_sglang(body, META, on_abort="drop") is None
+    assert decode_sglang(body, DecodeOptions(meta=META, on_abort="drop")).only() is None
 
 
 # --- OpenAI-compatible ----------------------------------------------------------------------------
@@ -205,8 +216,10 @@ def test_openai_sglext_decodes_as_generate(version: str, chat: bool, start_len: 
     body = sglang_openai_response([item], chat=chat, sglang_version=version)
     assert "routed_experts" not in body["choices"][0]
     assert body["sglext"]["routed_experts"] == item["meta_info"]["routed_experts"]
-    (s,) = decode_sglang_openai(body, META, start_len=start_len, sglang_version=version)
-    same(s, decode_sglang(item, META, start_len=start_len))
+    (s,) = decode_sglang_openai(
+        body, DecodeOptions(meta=META, prompt_start=start_len, engine_version=version)
+    )
+    same(s, decode_sglang(item, DecodeOptions(meta=META, prompt_start=start_len)).only())
     assert_sample(s, start_len)
 
 
@@ -215,7 +228,7 @@ def test_openai_answers_before_0_5_9_carry_no_routes(version: str) -> None:
     body = sglang_openai_response([generate(version)], sglang_version=version)
     assert "sglext" not in body
     with pytest.raises(EngineOutputError, match=r"0\.5\.9.*D3"):
-        decode_sglang_openai(body, META, sglang_version=version)
+        decode_sglang_openai(body, DecodeOptions(meta=META, engine_version=version))
 
 
 @pytest.mark.parametrize("version", ["0.5.13", "0.5.19", "0.5.23"])
@@ -224,7 +237,7 @@ def test_chat_meta_info_gives_each_choice_its_routes(version: str) -> None:
     items = [generate(version), generate(version, routes=other)]
     body = sglang_openai_response(items, chat=True, return_meta_info=True, sglang_version=version)
     assert ("sglext" in body) is (not sglang_flags(version).chat_meta_info_only)
-    a, b = decode_sglang_openai(body, META, sglang_version=version)
+    a, b = decode_sglang_openai(body, DecodeOptions(meta=META, engine_version=version))
     assert_sample(a, 0)
     assert_sample(b, 0, other)
 
@@ -233,7 +246,7 @@ def test_n_above_one_without_meta_info_is_refused() -> None:
     items = [generate("0.5.23"), generate("0.5.23")]
     body = sglang_openai_response(items, sglang_version="0.5.23")
     with pytest.raises(EngineOutputError, match="first choice only"):
-        decode_sglang_openai(body, META)
+        decode_sglang_openai(body, DecodeOptions(meta=META))
 
 
 def test_openai_faults() -> None:
@@ -241,19 +254,21 @@ def test_openai_faults() -> None:
     missing = copy.deepcopy(body)
     del missing["sglext"]
     with pytest.raises(EngineOutputError, match=r"no sglext\.routed_experts.*D3"):
-        decode_sglang_openai(missing, META)
+        decode_sglang_openai(missing, DecodeOptions(meta=META))
     no_usage = copy.deepcopy(body)
     del no_usage["usage"]
     with pytest.raises(EngineOutputError, match="num_prompt_tokens and num_generated_tokens"):
-        decode_sglang_openai(no_usage, META)
-    (s,) = decode_sglang_openai(no_usage, META, prompt_tokens=P, completion_tokens=G)
+        decode_sglang_openai(no_usage, DecodeOptions(meta=META))
+    (s,) = decode_sglang_openai(
+        no_usage, DecodeOptions(meta=META), num_prompt_tokens=P, num_generated_tokens=G
+    )
     assert_sample(s, 0)
     with pytest.raises(EngineOutputError, match="beyond"):
-        decode_sglang_openai(body, META, start_len=P + 1)
+        decode_sglang_openai(body, DecodeOptions(meta=META, prompt_start=P + 1))
     with pytest.raises(EngineOutputError, match="'choices' is empty"):
-        decode_sglang_openai({**body, "choices": []}, META)
+        decode_sglang_openai({**body, "choices": []}, DecodeOptions(meta=META))
     with pytest.raises(EngineOutputError, match="sglext"):
-        decode_sglang_openai({**body, "sglext": "abc"}, META)
+        decode_sglang_openai({**body, "sglext": "abc"}, DecodeOptions(meta=META))
 
 
 # --- streamed OpenAI ------------------------------------------------------------------------------
@@ -266,32 +281,41 @@ def test_stream_routes_chunk_decodes_as_generate(version: str, chat: bool) -> No
     chunks: list[Any] = [*sglang_openai_stream(item, chat=chat, sglang_version=version), "[DONE]"]
     assert chunks[-3]["choices"] == []
     assert "routed_experts" in chunks[-3]["sglext"]
-    s = decode_sglang_stream(chunks, META, start_len=2, sglang_version=version)
-    same(s, decode_sglang(item, META, start_len=2))
+    s = decode_sglang_stream(
+        chunks, DecodeOptions(meta=META, prompt_start=2, engine_version=version)
+    ).only()
+    same(s, decode_sglang(item, DecodeOptions(meta=META, prompt_start=2)).only())
 
 
 def test_stream_faults() -> None:
     item = generate("0.5.23")
     chunks = sglang_openai_stream(item)
     with pytest.raises(EngineOutputError, match=r"no chunk with sglext\.routed_experts.*D3"):
-        decode_sglang_stream([c for c in chunks if "sglext" not in c], META)
+        decode_sglang_stream(
+            [c for c in chunks if "sglext" not in c], DecodeOptions(meta=META)
+        ).only()
     with pytest.raises(EngineOutputError, match="cut before its end"):
-        decode_sglang_stream(chunks[:1], META)
+        decode_sglang_stream(chunks[:1], DecodeOptions(meta=META)).only()
     bare = sglang_openai_stream(item, include_usage=False)
     with pytest.raises(EngineOutputError, match="include_usage"):
-        decode_sglang_stream(bare, META)
-    assert_sample(decode_sglang_stream(bare, META, prompt_tokens=P, completion_tokens=G), 0)
+        decode_sglang_stream(bare, DecodeOptions(meta=META)).only()
+    assert_sample(
+        decode_sglang_stream(
+            bare, DecodeOptions(meta=META), num_prompt_tokens=P, num_generated_tokens=G
+        ).only(),
+        0,
+    )
     routes_chunk = next(c for c in chunks if "sglext" in c)
     with pytest.raises(EngineOutputError, match="2 chunks carry"):
-        decode_sglang_stream([*chunks, routes_chunk], META)
+        decode_sglang_stream([*chunks, routes_chunk], DecodeOptions(meta=META)).only()
     two = copy.deepcopy(chunks)
     two[0]["choices"][0]["index"] = 1
     with pytest.raises(EngineOutputError, match="first choice only"):
-        decode_sglang_stream(two, META)
+        decode_sglang_stream(two, DecodeOptions(meta=META)).only()
     with pytest.raises(EngineOutputError, match=r"json\.loads"):
-        decode_sglang_stream(['data: {"id": 1}'], META)
+        decode_sglang_stream(['data: {"id": 1}'], DecodeOptions(meta=META)).only()
     aborted = sglang_openai_stream(generate("0.5.23", faults=Faults(abort_after_rows=1)))
-    assert decode_sglang_stream(aborted, META, on_abort="drop") is None
+    assert decode_sglang_stream(aborted, DecodeOptions(meta=META, on_abort="drop")).only() is None
 
 
 # --- property: every release, start_len and length decode to the engine's rows -----------------
@@ -321,7 +345,9 @@ def test_every_release_and_start_len_round_trip(
         sglang_version=version,
     )
     for known in (version, None):
-        s = decode_sglang(item, _meta(), start_len=start, sglang_version=known)
+        s = decode_sglang(
+            item, DecodeOptions(meta=_meta(), prompt_start=start, engine_version=known)
+        ).only()
         assert s is not None
         np.testing.assert_array_equal(s.routes_TLK[start : p + g - 1], routes[start:])
         assert s.valid_T.sum() == p + g - 1 - start

@@ -57,6 +57,7 @@ protocol = _load_protocol()
 from rr_fakes.emulations.engines import sglang_response  # noqa: E402
 from rr_fakes.emulations.engines._wire import sglang_openai_response, sglang_openai_stream  # noqa: E402
 from rr_vllm import (  # noqa: E402
+    DecodeOptions,
     decode_sglang,
     decode_sglang_openai,
     decode_sglang_stream,
@@ -160,7 +161,9 @@ def test_the_encoder_is_where_the_facts_say() -> None:
 def test_sglang_encoded_routes_decode(start_len: int) -> None:
     item = _generate(start_len)
     item["meta_info"]["routed_experts"] = _sglang_encode(_rows(start_len))
-    s = decode_sglang(item, META, start_len=start_len, sglang_version=VERSION)
+    s = decode_sglang(
+        item, DecodeOptions(meta=META, prompt_start=start_len, engine_version=VERSION)
+    ).only()
     assert s is not None
     np.testing.assert_array_equal(s.routes_TLK[start_len : P + G - 1], ROUTES[start_len:])
     assert s.valid_T.sum() == P + G - 1 - start_len
@@ -235,8 +238,12 @@ def test_real_openai_response_decodes(chat: bool) -> None:
     assert fake["sglext"] == body["sglext"]
     assert set(fake["choices"][0]) <= set(body["choices"][0])
     assert set(fake) - {"metadata"} <= set(body)
-    (s,) = decode_sglang_openai(body, META, start_len=START, sglang_version=VERSION)
-    (t,) = decode_sglang_openai(fake, META, start_len=START, sglang_version=VERSION)
+    (s,) = decode_sglang_openai(
+        body, DecodeOptions(meta=META, prompt_start=START, engine_version=VERSION)
+    )
+    (t,) = decode_sglang_openai(
+        fake, DecodeOptions(meta=META, prompt_start=START, engine_version=VERSION)
+    )
     assert s is not None
     assert t is not None
     np.testing.assert_array_equal(s.routes_TLK, t.routes_TLK)
@@ -257,7 +264,7 @@ def test_real_chat_meta_info_choices_decode() -> None:
     body = _dump(
         protocol.ChatCompletionResponse(id="0", model="m", choices=choices, usage=_usage())
     )
-    for s in decode_sglang_openai(body, META, sglang_version=VERSION):
+    for s in decode_sglang_openai(body, DecodeOptions(meta=META, engine_version=VERSION)):
         assert s is not None
         np.testing.assert_array_equal(s.routes_TLK[: P + G - 1], ROUTES)
 
@@ -288,11 +295,11 @@ def test_real_stream_chunks_decode(chat: bool) -> None:
     fake = sglang_openai_stream(item, chat=chat, sglang_version=VERSION)
     assert fake[-2]["sglext"] == chunks[1]["sglext"]
     assert set(fake[-2]) <= set(chunks[1])
-    s = decode_sglang_stream(chunks, META, sglang_version=VERSION)
+    s = decode_sglang_stream(chunks, DecodeOptions(meta=META, engine_version=VERSION)).only()
     assert s is not None
     np.testing.assert_array_equal(s.routes_TLK[: P + G - 1], ROUTES)
     with pytest.raises(Exception, match="no chunk with sglext"):
-        decode_sglang_stream([chunks[0], chunks[2]], META)
+        decode_sglang_stream([chunks[0], chunks[2]], DecodeOptions(meta=META)).only()
 
 
 def test_openai_request_start_len_field() -> None:

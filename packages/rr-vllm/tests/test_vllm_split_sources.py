@@ -18,6 +18,7 @@ import pytest
 from rr_fakes.emulations.engines import sglang_server_info, vllm_http_response, vllm_request_output
 from rr_vllm import (
     CaptureError,
+    DecodeOptions,
     EngineOutputError,
     decode_vllm_http,
     decode_vllm_output,
@@ -61,14 +62,21 @@ def test_a_kv_both_replica_is_split_and_its_decode_side_prompt_rows_are_refused(
     assert config.disaggregation == "both"
     for params in (None, DECODE_ANSWER, {}):
         with pytest.raises(CaptureError, match=r"kv_both.*D8"):
-            decode_vllm_output(answer(0, params, seed=1), META, engine_config=config)
+            list(
+                decode_vllm_output(
+                    answer(0, params, seed=1), DecodeOptions(meta=META, engine_config=config)
+                )
+            )
     # the prefill side's answer says it ran the prompt: its prompt rows are its own
-    (prefill,) = decode_vllm_output(answer(0, PREFILL_ANSWER, seed=1), META, engine_config=config)
+    (prefill,) = decode_vllm_output(
+        answer(0, PREFILL_ANSWER, seed=1), DecodeOptions(meta=META, engine_config=config)
+    )
     assert prefill is not None
     assert prefill.valid_T[:P].all()
     # the decode side asked for rows from P on, merged with the prefill's: the one sample
     (decode,) = decode_vllm_output(
-        answer(P, DECODE_ANSWER, seed=2), META, engine_config=config, prompt_start=P
+        answer(P, DECODE_ANSWER, seed=2),
+        DecodeOptions(meta=META, engine_config=config, prompt_start=P),
     )
     assert decode is not None
     merged = merge_split_routes(prefill, decode)
@@ -80,9 +88,10 @@ def test_the_http_answer_of_a_kv_both_replica_says_its_side() -> None:
     config = vllm_engine_config(nixl("kv_both"), vllm_version="0.33.0")
     body = vllm_http_response(answer(0, None, seed=3))
     with pytest.raises(CaptureError, match=r"kv_both.*D8"):
-        decode_vllm_http(body, META, engine_config=config)
+        decode_vllm_http(body, DecodeOptions(meta=META, engine_config=config))
     (sample,) = decode_vllm_http(
-        body | {"kv_transfer_params": PREFILL_ANSWER}, META, engine_config=config
+        body | {"kv_transfer_params": PREFILL_ANSWER},
+        DecodeOptions(meta=META, engine_config=config),
     )
     assert sample is not None
     assert sample.valid_T[: P + G - 1].all()
@@ -167,8 +176,8 @@ def split_pair() -> tuple[Any, Any]:
         num_experts=8,
         prompt_start=P,
     )
-    (prefill,) = decode_vllm_output(prefill_out, META)
-    (decode,) = decode_vllm_output(decode_out, META, prompt_start=P)
+    (prefill,) = decode_vllm_output(prefill_out, DecodeOptions(meta=META))
+    (decode,) = decode_vllm_output(decode_out, DecodeOptions(meta=META, prompt_start=P))
     return prefill, decode
 
 
@@ -188,7 +197,7 @@ def test_merge_split_routes_refuses_the_samples_swapped() -> None:
             routes_TLK=distinct_routes(META, P + G - 1, seed=6),
             num_experts=8,
         ),
-        META,
+        DecodeOptions(meta=META),
     )
     with pytest.raises(EngineOutputError, match=r"passed as decode has 7 tokens.*swapped"):
         merge_split_routes(decode_from_0, prefill)

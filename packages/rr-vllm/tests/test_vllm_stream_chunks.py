@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rr_fakes.emulations.engines import vllm_generate_response, vllm_generate_stream
-from rr_vllm import EngineOutputError, decode_vllm_http, decode_vllm_stream
+from rr_vllm import DecodeOptions, EngineOutputError, decode_vllm_http, decode_vllm_stream
 from vllm_testing import META, streamed_output
 
 
@@ -34,7 +34,7 @@ def body_bytes(**kw: Any) -> tuple[bytes, np.ndarray]:
 
 
 def decoded(stream: Any) -> Any:
-    (sample,) = decode_vllm_stream(stream, META, prompt_start=2)
+    (sample,) = decode_vllm_stream(stream, DecodeOptions(meta=META, prompt_start=2))
     return sample
 
 
@@ -101,9 +101,13 @@ def test_a_derender_stream_without_token_ids_is_refused_by_name(hide: bool) -> N
     prompt = list(range(10, 16))
     if hide:
         with pytest.raises(EngineOutputError, match=r"output_mode='derender'.*include_reasoning"):
-            decode_vllm_stream(stream, META, prompt_start=2, prompt_token_ids=prompt)
+            decode_vllm_stream(
+                stream, DecodeOptions(meta=META, prompt_start=2), num_prompt_tokens=len(prompt)
+            )
     else:
-        (sample,) = decode_vllm_stream(stream, META, prompt_start=2, prompt_token_ids=prompt)
+        (sample,) = decode_vllm_stream(
+            stream, DecodeOptions(meta=META, prompt_start=2), num_prompt_tokens=len(prompt)
+        )
         np.testing.assert_array_equal(sample.routes_TLK[2:10], routes[2:])
 
 
@@ -116,7 +120,7 @@ def test_a_derender_answer_without_token_ids_is_refused_by_name(hide: bool) -> N
         c["message"] = c.pop("delta")
     if hide:
         with pytest.raises(EngineOutputError, match=r"output_mode='derender'.*include_reasoning"):
-            decode_vllm_http(answer, META)
+            decode_vllm_http(answer, DecodeOptions(meta=META))
     else:
-        (sample,) = decode_vllm_http(answer, META)
+        (sample,) = decode_vllm_http(answer, DecodeOptions(meta=META))
         np.testing.assert_array_equal(sample.routes_TLK[:10], routes)

@@ -35,6 +35,7 @@ from rr_vllm import DecodeOptions, SampleRoutes
 
 E, L, K = 8, 3, 2
 META = RouteMeta(num_experts=E, top_k=K, layer_axis="all_layers", layer_numbers=(1, 2, 3))
+OPTIONS = DecodeOptions(meta=META)
 
 
 def routes(rows: int, seed: int) -> np.ndarray:
@@ -95,16 +96,16 @@ def test_decode_options(ps: Any, on_abort: Any, logical: Any, version: Any) -> N
     finish=st.one_of(st.sampled_from(["length", "stop", "abort", None]), JUNK),
 )
 def test_decode_routes_array(array: Any, P: Any, G: Any, ps: int, finish: Any) -> None:
-    ok, sample = settles(
+    ok, decoded = settles(
         rr_vllm.decode_routes_array,
         array,
-        META,
+        DecodeOptions(meta=META, prompt_start=ps),
         num_prompt_tokens=P,
         num_generated_tokens=G,
         finish_reason=finish,
-        prompt_start=ps,
     )
-    if ok and sample is not None:
+    sample = decoded.only() if ok else None
+    if sample is not None:
         check_sample(sample, P, G)
         settles(rr_vllm.validate_samples, [sample], META, allow_all_zero=True)
 
@@ -129,13 +130,14 @@ def test_decode_vllm_output(P: int, G: int, ps: int, era: str, seed: int, cut: i
         prompt_start=ps,
         use_real_vllm=False,  # the duck-typed classes: the real ones are test_vllm_real's
     )
-    samples = rr_vllm.decode_vllm_output(out, META, prompt_start=ps)
+    samples = rr_vllm.decode_vllm_output(out, DecodeOptions(meta=META, prompt_start=ps))
     check_sample(samples[0], P, G)
-    batch = rr_vllm.decode_vllm_batch([out], META, prompt_start=ps)
+    batch = rr_vllm.decode_vllm_output([out], DecodeOptions(meta=META, prompt_start=ps)).to_batch()
     assert batch.num_tokens == P + G
     assert torch.equal(batch.valid_N, torch.from_numpy(samples[0].valid_T))
     # the same answer read with another prompt_start than it was sent with
-    settles(rr_vllm.decode_vllm_output, out, META, prompt_start=(ps + 1) % (P + 1))
+    other = DecodeOptions(meta=META, prompt_start=(ps + 1) % (P + 1))
+    settles(lambda: list(rr_vllm.decode_vllm_output(out, other)))
     ok, cut_sample = settles(rr_vllm.truncate_sample, samples[0], cut)
     if ok:
         assert cut_sample.routes_TLK.shape[0] == cut
@@ -164,15 +166,15 @@ def test_decode_duck_typed(
     request = SimpleNamespace(
         request_id="r", prompt_token_ids=prompt_ids, outputs=listed, num_cached_tokens=None
     )
-    ok, samples = settles(rr_vllm.decode_vllm_output, request, META)
+    ok, samples = settles(lambda: list(rr_vllm.decode_vllm_output(request, OPTIONS)))
     if ok:
         for sample in samples:
             if sample is not None:
-                check_sample(sample, len(prompt_ids), len(token_ids))
-    ok, batch = settles(rr_vllm.decode_vllm_batch, [request], META)
+                check_sample(sample, len(prompt_ids or []), len(token_ids))  # None: no prompt
+    ok, batch = settles(lambda: rr_vllm.decode_vllm_output([request], OPTIONS).to_batch())
     if ok:
         batch.validate(allow_all_zero=True)
-    settles(rr_vllm.decode_vllm_batch, request, META)
+    settles(lambda: rr_vllm.decode_vllm_output(request, OPTIONS).to_batch())
 
 
 @SWEEP
@@ -212,10 +214,10 @@ def test_decode_sglang(P: int, G: int, shape_rows: int, meta_info: str, finish: 
     if meta_info == "missing":
         del info["routed_experts"]
     response: Any = {"meta_info": info if meta_info != "junk" else 3, "output_ids": [0] * G}
-    ok, sample = settles(rr_vllm.decode_sglang, response, META)
+    ok, sample = settles(lambda: rr_vllm.decode_sglang(response, OPTIONS).only())
     if ok and sample is not None:
         check_sample(sample, P, G)
-    settles(rr_vllm.decode_sglang, None, META)
+    settles(rr_vllm.decode_sglang, None, OPTIONS)
 
 
 @st.composite
@@ -223,10 +225,10 @@ def samples(draw: st.DrawFn) -> SampleRoutes:
     P, G = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     sample = rr_vllm.decode_routes_array(
         routes(P + G - 1, draw(st.integers(0, 50))),
-        META,
+        DecodeOptions(meta=META),
         num_prompt_tokens=P,
         num_generated_tokens=G,
-    )
+    ).only()
     assert sample is not None
     return sample
 
@@ -301,7 +303,7 @@ def test_prompt_start_helpers(ps: Any, cached: Any, P: Any) -> None:
 
 #: The entry points the sweeps above drive with generated answers and check for their invariant.
 SWEPT_ABOVE = (
-    "DecodeOptions", "decode_routes_array", "decode_vllm_output", "decode_vllm_batch",
+    "DecodeOptions", "decode_routes_array", "decode_vllm_output",
     "npy_base64_to_array", "sglang_base64_to_array", "decode_sglang", "merge_split_routes",
     "validate_samples", "to_trainer_layout", "truncate_sample", "drop_rows_before",
     "omission_start", "prompt_start_to_send", "vllm_flags",
@@ -323,7 +325,8 @@ SWEPT_WITH_JUNK = (
 #: Public names that take no outside data.
 NOT_ENTRY_POINTS = {
     "AbortPolicy": "a typing alias of on_abort's values",
-    "DecodeKeywords": "a TypedDict: the keywords of the decoders, swept through them",
+    "DecodeKeywords": "a TypedDict: the deprecated keywords of the decoders (test_vllm_decoded)",
+    "decode_vllm_batch": "deprecated: decode_vllm_output(...).to_batch(), swept above",
     "SampleRoutes": "what the decoders return (built by them, read by the helpers swept here)",
     "TrainerLayout": "a NamedTuple to_trainer_layout returns",
     "CaptureError": "an error class",
@@ -335,7 +338,11 @@ NOT_ENTRY_POINTS = {
 #: past the first one are reached too.
 VALID = {
     "meta": st.one_of(st.just(META), ANYTHING),
-    "options": st.one_of(st.just(META), ANYTHING),
+    "options": st.one_of(st.just(OPTIONS), ANYTHING),
+    # the deprecated names of the facts are held to their new names by test_vllm_decoded
+    "prompt_token_ids": st.none(),
+    "prompt_tokens": st.none(),
+    "completion_tokens": st.none(),
     "sample": st.one_of(samples(), ANYTHING),
     "last_turn": st.one_of(samples(), ANYTHING),
     "samples": st.one_of(st.lists(samples(), max_size=2), ANYTHING),
@@ -369,8 +376,8 @@ test_entry_point_refuses_junk, test_every_public_name_is_swept_or_named = public
 def test_validation_options_are_checked_before_the_ids() -> None:
     """Found by the junk sweep: a dict or an array as logical_experts reached a numpy compare."""
     sample = rr_vllm.decode_routes_array(
-        routes(3, 0), META, num_prompt_tokens=2, num_generated_tokens=2
-    )
+        routes(3, 0), DecodeOptions(meta=META), num_prompt_tokens=2, num_generated_tokens=2
+    ).only()
     for bad in ({"a": 1}, np.zeros(0), "8", 0):
         with pytest.raises(rr_vllm.EngineOutputError, match="logical_experts must be an integer"):
             rr_vllm.validate_samples([sample], META, logical_experts=bad)

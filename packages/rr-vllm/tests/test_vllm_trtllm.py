@@ -16,7 +16,13 @@ from rr_fakes.emulations.engines import (
     TrtllmRequestOutput,
     trtllm_request_output,
 )
-from rr_vllm import EngineOutputError, decode_trtllm_output, decode_trtllm_routes, validate_samples
+from rr_vllm import (
+    DecodeOptions,
+    EngineOutputError,
+    decode_trtllm_output,
+    decode_trtllm_routes,
+    validate_samples,
+)
 from vllm_testing import distinct_routes, make_meta
 
 P, G = 5, 4
@@ -55,7 +61,7 @@ def test_round_trip_places_moe_columns_at_their_layers(
         list(range(p)), [(list(range(g)), routes_TLK)], meta.moe_slots, dtype=dtype
     )
     assert out.outputs[0].routed_experts.shape == (p + g - 1, len(meta.moe_slots), top_k)
-    (s,) = decode_trtllm_output(out, meta)
+    (s,) = decode_trtllm_output(out, DecodeOptions(meta=meta))
     assert s is not None
     assert s.routes_TLK.shape == (p + g, layers, top_k)
     np.testing.assert_array_equal(s.routes_TLK[:-1], routes_TLK)
@@ -70,7 +76,7 @@ def test_several_completions_decode_in_order() -> None:
     meta = make_meta(dense=(1,))
     a, b = distinct_routes(meta, P + G - 1, 1), distinct_routes(meta, P + 1, 2)
     out = trtllm_request_output(list(range(P)), [(list(range(G)), a), ([7, 8], b)], meta.moe_slots)
-    first, second = decode_trtllm_output(out, meta)
+    first, second = decode_trtllm_output(out, DecodeOptions(meta=meta))
     assert first is not None
     assert second is not None
     np.testing.assert_array_equal(first.routes_TLK[:-1], a)
@@ -82,7 +88,9 @@ def test_all_layers_array_is_refused_naming_the_moe_axis() -> None:
     meta = make_meta(dense=(1, 2))
     routes_TLK = distinct_routes(meta, P + G - 1)
     with pytest.raises(EngineOutputError, match=r"expected \[rows, 2, 2\] \(2 MoE layers"):
-        decode_trtllm_routes(routes_TLK, meta, num_prompt_tokens=P, num_generated_tokens=G)
+        decode_trtllm_routes(
+            routes_TLK, DecodeOptions(meta=meta), num_prompt_tokens=P, num_generated_tokens=G
+        ).only()
 
 
 def test_moe_layers_meta_is_refused() -> None:
@@ -92,7 +100,9 @@ def test_moe_layers_meta_is_refused() -> None:
     )
     rows = distinct_routes(meta, P + G - 1)[:, list(meta.moe_slots)]
     with pytest.raises(RouteValidationError, match="all_layers axis"):
-        decode_trtllm_routes(rows, moe, num_prompt_tokens=P, num_generated_tokens=G)
+        decode_trtllm_routes(
+            rows, DecodeOptions(meta=moe), num_prompt_tokens=P, num_generated_tokens=G
+        ).only()
 
 
 def test_negative_ids_are_refused_not_read_as_cached_rows() -> None:
@@ -101,14 +111,14 @@ def test_negative_ids_are_refused_not_read_as_cached_rows() -> None:
     out = result(meta, routes_TLK)
     out.outputs[0].routed_experts[3] = -1
     with pytest.raises(EngineOutputError, match="row 3 holds a negative expert id"):
-        decode_trtllm_output(out, meta)
+        decode_trtllm_output(out, DecodeOptions(meta=meta))
 
 
 def test_ids_out_of_range_are_refused_by_validation() -> None:
     meta = make_meta(dense=(1,))
     out = result(meta, distinct_routes(meta, P + G - 1))
     out.outputs[0].routed_experts[2, 0, 0] = meta.num_experts
-    (s,) = decode_trtllm_output(out, meta)
+    (s,) = decode_trtllm_output(out, DecodeOptions(meta=meta))
     with pytest.raises(RouteValidationError):
         validate_samples([s], meta)
 
@@ -117,31 +127,33 @@ def test_ids_out_of_range_are_refused_by_validation() -> None:
 def test_wrong_row_count_is_refused(rows: int) -> None:
     meta = make_meta()
     with pytest.raises(AlignmentError, match=f"N={rows} route rows for T={P + G}"):
-        decode_trtllm_output(result(meta, distinct_routes(meta, rows)), meta)
+        decode_trtllm_output(result(meta, distinct_routes(meta, rows)), DecodeOptions(meta=meta))
 
 
 def test_missing_routes_on_a_finished_request_is_d3() -> None:
     meta = make_meta()
     with pytest.raises(EngineOutputError, match="D3"):
-        decode_trtllm_output(result(meta, None), meta)
+        decode_trtllm_output(result(meta, None), DecodeOptions(meta=meta))
 
 
 def test_cancelled_is_masked_or_dropped() -> None:
     meta = make_meta()
     out = result(meta, None, finish_reasons=["cancelled"])
-    (masked,) = decode_trtllm_output(out, meta)
+    (masked,) = decode_trtllm_output(out, DecodeOptions(meta=meta))
     assert masked is not None
     assert masked.aborted
     assert not masked.valid_T.any()
     assert masked.routes_TLK.shape == (P + G, 4, 2)
-    assert decode_trtllm_output(out, meta, on_abort="drop") == [None]
+    assert list(decode_trtllm_output(out, DecodeOptions(meta=meta, on_abort="drop"))) == [None]
 
 
 def test_nested_lists_decode_like_arrays() -> None:
     meta = make_meta(dense=(2,))
     routes_TLK = distinct_routes(meta, P + G - 1)
     rows = routes_TLK[:, list(meta.moe_slots)].tolist()
-    s = decode_trtllm_routes(rows, meta, num_prompt_tokens=P, num_generated_tokens=G)
+    s = decode_trtllm_routes(
+        rows, DecodeOptions(meta=meta), num_prompt_tokens=P, num_generated_tokens=G
+    ).only()
     assert s is not None
     np.testing.assert_array_equal(s.routes_TLK[:-1], routes_TLK)
 
@@ -154,14 +166,16 @@ def test_nested_lists_decode_like_arrays() -> None:
 def test_unreadable_routes_are_refused(rows: object) -> None:
     meta = make_meta(dense=(1,))
     with pytest.raises(EngineOutputError):
-        decode_trtllm_routes(rows, meta, num_prompt_tokens=P, num_generated_tokens=G)
+        decode_trtllm_routes(
+            rows, DecodeOptions(meta=meta), num_prompt_tokens=P, num_generated_tokens=G
+        ).only()
 
 
 def test_object_without_the_fields_is_refused_by_name() -> None:
     meta = make_meta()
     with pytest.raises(EngineOutputError, match="has no attribute 'prompt_token_ids'"):
-        decode_trtllm_output(object(), meta)
+        decode_trtllm_output(object(), DecodeOptions(meta=meta))
     bare = TrtllmRequestOutput(0, [1, 2], [object()])  # type: ignore[list-item]
     with pytest.raises(EngineOutputError, match="has no attribute 'routed_experts'"):
-        decode_trtllm_output(bare, meta)
+        decode_trtllm_output(bare, DecodeOptions(meta=meta))
     assert isinstance(result(meta, None).outputs[0], TrtllmCompletionOutput)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from rr_fakes.emulations.engines import encode_npy_base64, era_of, vllm_request_output
 from rr_vllm import (
     CaptureError,
+    DecodeOptions,
     EngineOutputError,
     Trajectory,
     decode_vllm_output,
@@ -221,6 +222,6 @@ def test_any_conversation_stitches_to_the_engines_routes(
         routes_TLK=agent.true_routes[: len(agent.tokens) - 1],
         num_experts=8,
     )
-    (sample,) = decode_vllm_output(full, META)
+    (sample,) = decode_vllm_output(full, DecodeOptions(meta=META))
     assert sample is not None
     np.testing.assert_array_equal(trajectory.routes().routes_TLK, sample.routes_TLK)

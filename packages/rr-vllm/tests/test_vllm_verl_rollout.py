@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pickle
 import re
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +30,7 @@ from rr_fakes.pytest_support import settles
 from rr_fakes.shims import verl as harness
 from rr_fakes.sweeps import ANYTHING, SWEEP, arrays, tensors
 from rr_vllm import EngineOutputError, VerlRoutes, moe_layer_numbers, route_meta_of
+from verl_testing import verl_modules
 from vllm_testing import distinct_routes
 
 SHAPES = [(5, 4), (3, 1), (7, 6), (2, 8), (6, 3)]  # (P, G) of each sample
@@ -39,24 +39,13 @@ PROMPT_LENGTH, RESPONSE_LENGTH = 8, 9
 
 @pytest.fixture(scope="module")
 def verl() -> SimpleNamespace:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # megatron's fallbacks without apex / TE
-            from rr_fakes.shims.megatron import megatron_cpu
+    modules = verl_modules()
+    from transformers import Qwen3MoeConfig
 
-            with megatron_cpu():
-                from verl.experimental.agent_loop import agent_loop
-                from verl.workers.utils import padding
-        from transformers import Qwen3MoeConfig
-    except Exception as e:  # verl or one of its imports is missing
-        pytest.skip(f"verl 0.9.1 is not importable here ({type(e).__name__}: {e})")
-    return SimpleNamespace(
-        agent_loop=agent_loop,
-        padding=padding,
-        config=Qwen3MoeConfig(  # 5 layers, the first dense; top-4 of 16
-            num_hidden_layers=5, num_experts=16, num_experts_per_tok=4, mlp_only_layers=[0]
-        ),
+    modules.config = Qwen3MoeConfig(  # 5 layers, the first dense; top-4 of 16
+        num_hidden_layers=5, num_experts=16, num_experts_per_tok=4, mlp_only_layers=[0]
     )
+    return modules
 
 
 @contextmanager

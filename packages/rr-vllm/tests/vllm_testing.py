@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from hypothesis import HealthCheck, event, settings
 
-from rr_core import RouteMeta
+from rr_core import RouteMeta, RRError
 from rr_fakes import distinct_ids
 from rr_fakes.emulations.engines import VllmEra, vllm_request_output
 
@@ -76,3 +78,22 @@ def streamed_output(
         **kw,
     )
     return out, routes
+
+
+#: The mutation tests' hypothesis settings (test_vllm_outside_*).
+SETTINGS = settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+def outcome(parse: Callable[[], Any]) -> Any:
+    """The parse's result, or the RRError it raised; any other exception fails the test."""
+    try:
+        result = parse()
+    except RRError as e:
+        event(f"raised {type(e).__name__}")
+        return e
+    event("decoded")
+    return result
