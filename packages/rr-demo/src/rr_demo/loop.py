@@ -200,16 +200,9 @@ def _train(checkpoint: Any, steps: int, replay: bool) -> list[LoopStep]:
             probe = ExpertIds(trainer.model, checkpoint.moe_layer_numbers)
 
             def measured(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-                inputs = args[1]
-                ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-                mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-                probe.on = True
-                try:
-                    result = wrapped(*args, **kwargs)
-                finally:
-                    probe.on = False
+                result, seen, ids, mask = probe.loss_call(wrapped, args, kwargs)
                 seen_steps.append(LoopStep(replay, len(seen_steps) + 1))
-                _count(probe.take(), inputs[rr_trl.ROUTES_KEY], ids, mask, seen_steps[-1])
+                _count(seen, args[1][rr_trl.ROUTES_KEY], ids, mask, seen_steps[-1])
                 return result
 
             trainer._compute_loss = wrapt.FunctionWrapper(trainer._compute_loss, measured)

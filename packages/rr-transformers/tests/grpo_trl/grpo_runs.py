@@ -214,17 +214,10 @@ def run(
         )
 
         def measured_loss(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            inputs = args[1]
-            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-            mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-            probe.on = True
-            try:
-                out = wrapped(*args, **kwargs)
-            finally:
-                probe.on = False
+            out, seen, ids, mask = probe.loss_call(wrapped, args, kwargs)
             steps_seen.append(Step())
-            rows = [ledger[i] for i in inputs[LEDGER_KEY].tolist()]
-            count_differing(probe.take(), rows, ids, mask, steps_seen[-1])
+            rows = [ledger[i] for i in args[1][LEDGER_KEY].tolist()]
+            count_differing(seen, rows, ids, mask, steps_seen[-1])
             return out
 
         trainer._compute_loss = wrapt.FunctionWrapper(trainer._compute_loss, measured_loss)

@@ -135,6 +135,22 @@ class ExpertIds:
 
         return hook
 
+    def loss_call(
+        self, wrapped: Any, args: Any, kwargs: Any
+    ) -> tuple[Any, dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """TRL's ``_compute_loss(model, inputs)`` (the call a wrapt wrapper gets) run with the
+        probe on: its result, what each layer's experts received (:meth:`take`), and the batch's
+        token ids and mask ``[B, S]``, prompt then completion."""
+        inputs = args[1]
+        ids_BS = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        mask_BS = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        self.on = True
+        try:
+            result = wrapped(*args, **kwargs)
+        finally:
+            self.on = False
+        return result, self.take(), ids_BS, mask_BS
+
     def take(self) -> dict[int, torch.Tensor]:
         """Each layer's ids since the last take, concatenated (layers that saw none left out)."""
         out = {n: torch.cat(v) for n, v in self.seen.items() if v}
