@@ -74,70 +74,44 @@ def _trtllm() -> Any:
     )
 
 
-#: Each decoder: (answer -> new call with options, old call with the meta, is one sample).
-CASES: dict[str, tuple[Callable[[Any], Any], Callable[[], Any], bool]] = {
-    "decode_vllm_output": (
-        lambda o: decode_vllm_output(streamed_output(P, G)[0], o),
-        lambda: decode_vllm_output(streamed_output(P, G)[0], META),
-        False,
-    ),
+_MOE_ROWS = ROUTES[:, list(META.moe_slots)]
+_FACTS = {"num_prompt_tokens": P, "num_generated_tokens": G}
+
+#: Each decoder: (decoder, its answer, the facts it is called with, is one sample).
+CASES: dict[str, tuple[Callable[..., Any], Callable[[], Any], dict[str, int], bool]] = {
+    "decode_vllm_output": (decode_vllm_output, lambda: streamed_output(P, G)[0], {}, False),
     "decode_vllm_http": (
-        lambda o: decode_vllm_http(vllm_http_response(streamed_output(P, G)[0]), o),
-        lambda: decode_vllm_http(vllm_http_response(streamed_output(P, G)[0]), META),
+        decode_vllm_http,
+        lambda: vllm_http_response(streamed_output(P, G)[0]),
+        {},
         False,
     ),
     "decode_vllm_stream": (
-        lambda o: decode_vllm_stream(vllm_generate_stream(streamed_output(P, G)[0]), o),
-        lambda: decode_vllm_stream(vllm_generate_stream(streamed_output(P, G)[0]), META),
+        decode_vllm_stream,
+        lambda: vllm_generate_stream(streamed_output(P, G)[0]),
+        {},
         False,
     ),
-    "decode_sglang": (
-        lambda o: decode_sglang(_sglang(), o),
-        lambda: decode_sglang(_sglang(), META),
-        True,
-    ),
+    "decode_sglang": (decode_sglang, _sglang, {}, True),
     "decode_sglang_openai": (
-        lambda o: decode_sglang_openai(sglang_openai_response([_sglang()]), o),
-        lambda: decode_sglang_openai(sglang_openai_response([_sglang()]), META),
+        decode_sglang_openai,
+        lambda: sglang_openai_response([_sglang()]),
+        {},
         False,
     ),
     "decode_sglang_stream": (
-        lambda o: decode_sglang_stream(sglang_openai_stream(_sglang()), o),
-        lambda: decode_sglang_stream(sglang_openai_stream(_sglang()), META),
+        decode_sglang_stream,
+        lambda: sglang_openai_stream(_sglang()),
+        {},
         True,
     ),
-    "decode_trtllm_output": (
-        lambda o: decode_trtllm_output(_trtllm(), o),
-        lambda: decode_trtllm_output(_trtllm(), META),
-        False,
-    ),
-    "decode_trtllm_routes": (
-        lambda o: decode_trtllm_routes(
-            ROUTES[:, list(META.moe_slots)], o, num_prompt_tokens=P, num_generated_tokens=G
-        ),
-        lambda: decode_trtllm_routes(
-            ROUTES[:, list(META.moe_slots)], META, num_prompt_tokens=P, num_generated_tokens=G
-        ),
-        True,
-    ),
-    "decode_routes_array": (
-        lambda o: decode_routes_array(ROUTES, o, num_prompt_tokens=P, num_generated_tokens=G),
-        lambda: decode_routes_array(ROUTES, META, num_prompt_tokens=P, num_generated_tokens=G),
-        True,
-    ),
+    "decode_trtllm_output": (decode_trtllm_output, _trtllm, {}, False),
+    "decode_trtllm_routes": (decode_trtllm_routes, lambda: _MOE_ROWS, _FACTS, True),
+    "decode_routes_array": (decode_routes_array, lambda: ROUTES, _FACTS, True),
     "decode_r3v1": (
-        lambda o: decode_r3v1(
-            r3v1_payload(ROUTES[:, list(META.moe_slots)], np.arange(P + G) < P + G - 1),
-            o,
-            num_prompt_tokens=P,
-            num_generated_tokens=G,
-        ),
-        lambda: decode_r3v1(
-            r3v1_payload(ROUTES[:, list(META.moe_slots)], np.arange(P + G) < P + G - 1),
-            META,
-            num_prompt_tokens=P,
-            num_generated_tokens=G,
-        ),
+        decode_r3v1,
+        lambda: r3v1_payload(_MOE_ROWS, np.arange(P + G) < P + G - 1),
+        _FACTS,
         True,
     ),
 }
@@ -145,14 +119,14 @@ CASES: dict[str, tuple[Callable[[Any], Any], Callable[[], Any], bool]] = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_decoder_returns_decoded_routes_and_the_old_form_its_old_result(name: str) -> None:
-    new, old, one = CASES[name]
+    decoder, answer, facts, one = CASES[name]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", ".*goes in the next release", DeprecationWarning)
-        routes = new(OPTIONS)
+        routes = decoder(answer(), OPTIONS, **facts)
     assert isinstance(routes, DecodedRoutes)
     assert routes.options is OPTIONS
     with pytest.warns(DeprecationWarning, match=rf"{name}\(answer, meta, \*\*options\) is deprec"):
-        legacy = old()
+        legacy = decoder(answer(), META, **facts)
     if one:
         assert isinstance(legacy, SampleRoutes)
         _same(routes.only(), legacy)
@@ -260,3 +234,36 @@ def test_the_options_refuse_a_meta_off_the_all_layers_axis() -> None:
     )
     with pytest.raises(RouteValidationError, match="all_layers axis"):
         DecodeOptions(meta=moe)
+
+
+def test_the_streams_old_fact_names_and_the_engine_aliases_warn_and_decode_alike() -> None:
+    chunks = list(vllm_generate_stream(streamed_output(P, G)[0]))
+    new = decode_vllm_stream(chunks, OPTIONS, num_prompt_tokens=P).only()
+    with pytest.warns(DeprecationWarning, match=r"prompt_token_ids=\) is deprecated.*num_prompt"):
+        old = decode_vllm_stream(chunks, OPTIONS, prompt_token_ids=list(range(P))).only()
+    _same(new, old)
+    stream = list(sglang_openai_stream(_sglang()))
+    facts = {"num_prompt_tokens": P, "num_generated_tokens": G}
+    by_new = decode_sglang_stream(stream, OPTIONS, **facts).only()
+    with pytest.warns(DeprecationWarning, match=r"prompt_tokens=\) is deprecated"):
+        by_old = decode_sglang_stream(stream, OPTIONS, prompt_tokens=P, completion_tokens=G)
+    _same(by_new, by_old.only())
+    at_two = DecodeOptions(meta=META, prompt_start=2, engine_version="0.5.23")
+    answer = sglang_response(
+        prompt_ids=list(range(P)),
+        generated_ids=list(range(100, 100 + G)),
+        routes_TLK=ROUTES,
+        num_experts=META.num_experts,
+        sglang_version="0.5.23",
+        start_len=2,
+    )
+    with pytest.warns(DeprecationWarning, match=r"DecodeOptions\(meta=meta, prompt_start="):
+        by_alias = decode_sglang(answer, META, start_len=2, sglang_version="0.5.23")
+    _same(decode_sglang(answer, at_two).only(), by_alias)
+    out, _ = streamed_output(P, G, start=2)
+    vllm_at_two = DecodeOptions(meta=META, prompt_start=2, engine_version="0.33.0")
+    with pytest.warns(DeprecationWarning, match=r"DecodeOptions\(meta=meta, prompt_start="):
+        by_vllm_alias = decode_vllm_http(
+            vllm_http_response(out), META, prompt_start=2, vllm_version="0.33.0"
+        )
+    _same(decode_vllm_http(vllm_http_response(out), vllm_at_two).only(), by_vllm_alias[0])
