@@ -164,7 +164,10 @@ def test_the_old_aliases_and_fact_names_warn_and_decode_alike() -> None:
         num_prompt_tokens=usage["prompt_tokens"],
         num_generated_tokens=usage["completion_tokens"],
     ).only()
-    with pytest.warns(DeprecationWarning, match=r"completion_tokens=\) is deprecated"):
+    with (
+        pytest.warns(DeprecationWarning, match=r"prompt_tokens=\) is deprecated"),
+        pytest.warns(DeprecationWarning, match=r"completion_tokens=\) is deprecated"),
+    ):
         by_old = decode_sglang_openai(
             body,
             OPTIONS,
@@ -245,7 +248,10 @@ def test_the_streams_old_fact_names_and_the_engine_aliases_warn_and_decode_alike
     stream = list(sglang_openai_stream(_sglang()))
     facts = {"num_prompt_tokens": P, "num_generated_tokens": G}
     by_new = decode_sglang_stream(stream, OPTIONS, **facts).only()
-    with pytest.warns(DeprecationWarning, match=r"prompt_tokens=\) is deprecated"):
+    with (
+        pytest.warns(DeprecationWarning, match=r"prompt_tokens=\) is deprecated"),
+        pytest.warns(DeprecationWarning, match=r"completion_tokens=\) is deprecated"),
+    ):
         by_old = decode_sglang_stream(stream, OPTIONS, prompt_tokens=P, completion_tokens=G)
     _same(by_new, by_old.only())
     at_two = DecodeOptions(meta=META, prompt_start=2, engine_version="0.5.23")
