@@ -31,7 +31,7 @@ from rr_vllm.releases import vllm_flags
 from rr_vllm.samples import Sample, SampleRoutes, decode_rows
 from rr_vllm.sse import sse_items
 from rr_vllm.vllm.store import check_error_body
-from rr_vllm.vllm.wire import DERENDER_HIDES_TOKENS, npy_base64_to_array
+from rr_vllm.vllm.wire import DERENDER_HIDES_TOKENS, npy_base64_to_array, prompt_count
 
 _OPENAI_OBJECTS = frozenset({"text_completion", "chat.completion.chunk"})
 _FIX = (
@@ -199,16 +199,7 @@ def decode_vllm_stream(
             f"{name}: the chunks carry {generated} generated tokens, the final usage says "
             f"{gathered.completion_tokens}: chunks were lost; read the whole stream, or resubmit"
         )
-    if prompt is None and num_prompt_tokens is None:
-        raise EngineOutputError(
-            f"{name}: no prompt_token_ids on the first chunk; send the request with "
-            "return_token_ids=true or pass num_prompt_tokens"
-        )
-    p = (
-        count(num_prompt_tokens, "num_prompt_tokens")
-        if prompt is None
-        else token_count(prompt, f"{name}: prompt_token_ids")
-    )
+    p = prompt_count(prompt, num_prompt_tokens, name, "on the first chunk")
     start = opts.prompt_start
     out: list[SampleRoutes | None] = []
     for index in sorted(choices):

@@ -130,6 +130,19 @@ READS = frozenset(
 )
 
 
+def prompt_count(prompt: Any, num_prompt_tokens: int | None, what: str, where: str) -> int:
+    """P of an HTTP or streamed answer: its ``prompt_token_ids`` counted, else the caller's
+    ``num_prompt_tokens``; neither raises (``where``: where the ids were looked for)."""
+    if prompt is not None:
+        return token_count(prompt, f"{what}: prompt_token_ids")
+    if num_prompt_tokens is None:
+        raise EngineOutputError(
+            f"{what}: no prompt_token_ids {where}; send the request with return_token_ids=true "
+            "or pass num_prompt_tokens"
+        )
+    return count(num_prompt_tokens, "num_prompt_tokens")
+
+
 def decode_vllm_http(
     response: Mapping[str, Any],
     options: RouteMeta | DecodeOptions,
@@ -185,16 +198,7 @@ def decode_vllm_http(
                 "(/v1/completions, /v1/chat/completions; /inference/v1/generate always sends "
                 "them). Passing num_prompt_tokens cannot replace them"
             )
-        if prompt is None and num_prompt_tokens is None:
-            raise EngineOutputError(
-                f"{what}: no prompt_token_ids (in the choice or the response); send the request "
-                "with return_token_ids=true or pass num_prompt_tokens"
-            )
-        p = (
-            count(num_prompt_tokens, "num_prompt_tokens")
-            if prompt is None
-            else token_count(prompt, f"{what}: prompt_token_ids")
-        )
+        p = prompt_count(prompt, num_prompt_tokens, what, "(in the choice or the response)")
         g = token_count(tokens, f"{what}: token_ids")
         reason_ = reason(choice.get("finish_reason"), f"{what}: finish_reason")
         sample = Sample(what, p, p + g, opts.prompt_start, reason_, prefill)
