@@ -13,7 +13,7 @@ from rr_vllm.error_body import check_error_body
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import as_mapping, chunks_of
 from rr_vllm.options import DecodeKeywords, DecodeOptions, resolve
-from rr_vllm.sglang.wire import _FIRST_ONLY, READS, _choices, _counts, _decode_info, facts
+from rr_vllm.sglang.wire import _FIRST_ONLY, READS, _choices, _decode_info, _usage_info, facts
 
 
 def decode_sglang_stream(
@@ -83,14 +83,14 @@ def decode_sglang_stream(
         raise EngineOutputError(
             f"{what}: no chunk has a finish_reason: the stream was cut before its end"
         )
-    p, g = _counts(usage, p_given, g_given, what)
-    info = {
-        "prompt_tokens": p,
-        "completion_tokens": g,
-        "finish_reason": finish,
-        "routed_experts": texts[0] if texts else None,
-        "routed_experts_dtype": dtype,
-    }
+    info = _usage_info(
+        usage,
+        (p_given, g_given),
+        what,
+        finish_reason=finish,
+        routed_experts=texts[0] if texts else None,
+        routed_experts_dtype=dtype,
+    )
     sample = _decode_info(
         info,
         opts,

@@ -208,19 +208,33 @@ def facts(
     return num_prompt_tokens, num_generated_tokens
 
 
-def _counts(
-    usage: Any, prompt_tokens: int | None, completion_tokens: int | None, what: str
-) -> tuple[Any, Any]:
-    if prompt_tokens is not None and completion_tokens is not None:
-        return prompt_tokens, completion_tokens
-    if not isinstance(usage, Mapping):
-        raise EngineOutputError(
-            f"{what}: no usage to count the tokens by; send stream_options={{'include_usage': "
-            "true} when streaming, or pass num_prompt_tokens and num_generated_tokens"
-        )
-    p = usage.get("prompt_tokens") if prompt_tokens is None else prompt_tokens
-    g = usage.get("completion_tokens") if completion_tokens is None else completion_tokens
-    return p, g
+def _usage_info(
+    usage: Any,
+    given: tuple[int | None, int | None],
+    what: str,
+    *,
+    finish_reason: Any,
+    routed_experts: Any,
+    routed_experts_dtype: Any,
+) -> dict[str, Any]:
+    """An OpenAI answer's routes (``sglext``) as a ``meta_info`` for :func:`_decode_info`: the
+    token counts passed (``given``: P, G), or else ``usage``'s."""
+    p, g = given
+    if p is None or g is None:
+        if not isinstance(usage, Mapping):
+            raise EngineOutputError(
+                f"{what}: no usage to count the tokens by; send stream_options={{'include_usage': "
+                "true} when streaming, or pass num_prompt_tokens and num_generated_tokens"
+            )
+        p = usage.get("prompt_tokens") if p is None else p
+        g = usage.get("completion_tokens") if g is None else g
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": g,
+        "finish_reason": finish_reason,
+        "routed_experts": routed_experts,
+        "routed_experts_dtype": routed_experts_dtype,
+    }
 
 
 def _choices(body: Mapping[str, Any], what: str) -> Sequence[Any]:
@@ -280,14 +294,14 @@ def decode_sglang_openai(
         raise EngineOutputError(f"{what}: {len(choices)} choices; {_FIRST_ONLY}")
     ext = body.get("sglext")
     ext = as_mapping(ext, f"{what}: sglext") if ext is not None else {}
-    p, g = _counts(body.get("usage"), p_given, g_given, what)
-    info = {
-        "prompt_tokens": p,
-        "completion_tokens": g,
-        "finish_reason": choices[0].get("finish_reason"),
-        "routed_experts": ext.get("routed_experts"),
-        "routed_experts_dtype": ext.get("routed_experts_dtype"),
-    }
+    info = _usage_info(
+        body.get("usage"),
+        (p_given, g_given),
+        what,
+        finish_reason=choices[0].get("finish_reason"),
+        routed_experts=ext.get("routed_experts"),
+        routed_experts_dtype=ext.get("routed_experts_dtype"),
+    )
     sample = _decode_info(
         info,
         opts,
