@@ -38,22 +38,44 @@ def _on_arrival(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return wrapped(*args, **kwargs)
 
 
-class VerlArrivalAdapter(Installer):
+class VerlSide(Installer):
+    """A verl side of rr's rollout routes (the rollout, the arrival): refused on a verl release
+    rr does not support (``what`` names the side), and hooked anew by ``_hook`` unless every
+    patch of an earlier install is still in place."""
+
+    what = "rr's verl side"
+
+    def check_dependencies(self, *, force: bool) -> None:
+        check_verl_release(self.what, force=force)
+
+    def _install(self, *, force: bool) -> tuple[str, ...]:
+        if not self.patches.in_place():
+            self.patches.restore()
+            self._hook()
+        return self._hooked()
+
+    def _hook(self) -> None:
+        raise NotImplementedError
+
+    def _hooked(self) -> tuple[str, ...]:
+        """What the install hooked, as ``install()`` reports it."""
+        return tuple(f"{getattr(o, '__name__', o)}.{a}" for o, a in self.patches)
+
+
+class VerlArrivalAdapter(VerlSide):
     """verl's training worker expanding rr's compact routes as it receives a batch."""
 
     name = "verl-rollout-arrival"
     module = "rr_vllm.verl.arrival"
     verl_modules = (ENGINE_WORKERS,)
+    what = "rr's verl routes on arrival"
 
-    def check_dependencies(self, *, force: bool) -> None:
-        check_verl_release("rr's verl routes on arrival", force=force)
+    def _hook(self) -> None:
+        worker = importlib.import_module(ENGINE_WORKERS).TrainingWorker
+        for entry in ENTRIES:
+            self.patches.wrap(worker, entry, _on_arrival)
 
-    def _install(self, *, force: bool) -> tuple[str, ...]:
-        if not self.patches.in_place():
-            self.patches.restore()
-            worker = importlib.import_module(ENGINE_WORKERS).TrainingWorker
-            for entry in ENTRIES:
-                self.patches.wrap(worker, entry, _on_arrival)
+    def _hooked(self) -> tuple[str, ...]:
         return tuple(f"TrainingWorker.{entry}" for entry in ENTRIES)
 
 

@@ -28,15 +28,14 @@ from typing import Any
 import numpy as np
 
 from rr_core import AlignmentError, ReplayError, RouteMeta
-from rr_core.adapters import Installer
 from rr_core.codecs.encoding import check_codec
-from rr_core.verl_release import VERL_SPECIFIER, check_verl_release
+from rr_core.verl_release import VERL_SPECIFIER
 from rr_vllm.capture import route_meta_of
 from rr_vllm.errors import EngineOutputError
 from rr_vllm.fields import attr, token_count
 from rr_vllm.samples import SampleRoutes, as_rows
 from rr_vllm.validate import check_all_layers
-from rr_vllm.verl.arrival import expands_in_workers
+from rr_vllm.verl.arrival import VerlSide, expands_in_workers
 from rr_vllm.verl.expand import FIELD, check_parts, expand_samples, items_of, trained_samples
 from rr_vllm.verl.routes import VerlRoutes, pack_for_verl
 
@@ -211,7 +210,7 @@ def _is_verl(module_name: str) -> bool:
 # -- the adapter ---------------------------------------------------------------------------------
 
 
-class VerlRolloutAdapter(Installer):
+class VerlRolloutAdapter(VerlSide):
     """verl's agent loop and its padding switched to rr's compact routes. Install-only: there
     are no routers on this side (the trainer's are attached by the trainer's adapter,
     :mod:`rr_megatron_compat.verl` or :mod:`rr_transformers.verl`)."""
@@ -225,6 +224,7 @@ class VerlRolloutAdapter(Installer):
     #: ``main_ppo_v0``), and the install's import of the agent loop, which imports that module,
     #: failed there: every job with the one switch stopped at start (verl 0.9.1).
     verl_modules = (AGENT_LOOP,)
+    what = "rr's verl rollout side"
 
     def __init__(self) -> None:
         super().__init__()
@@ -248,23 +248,17 @@ class VerlRolloutAdapter(Installer):
         self.codec = check_codec(codec)
         return super().install(force=force)
 
-    def check_dependencies(self, *, force: bool) -> None:
-        check_verl_release("rr's verl rollout side", force=force)
-
-    def _install(self, *, force: bool) -> tuple[str, ...]:
-        if not self.patches.in_place():
-            self.patches.restore()
-            verls = importlib.import_module(AGENT_LOOP).AgentLoopWorker
-            verls = getattr(verls, "rr_verl_class", verls)  # a copy of an earlier install's
-            self.worker = compacting_worker(verls)
-            self.patches.set_copies(verls, self.worker, "AgentLoopWorker", within=_is_verl)
-            padding = importlib.import_module(PADDING)
-            theirs = padding.left_right_2_no_padding
-            ours = self.patches.wrap(padding, "left_right_2_no_padding", _expand_for_trainer)
-            # verl's PPO trainer copied it by name; a copy taken while an earlier install was
-            # in place holds that install's proxy, which passes through since: hooked again too
-            self.patches.set_copies(theirs, ours, "left_right_2_no_padding", within=_is_verl)
-        return tuple(f"{getattr(o, '__name__', o)}.{a}" for o, a in self.patches)
+    def _hook(self) -> None:
+        verls = importlib.import_module(AGENT_LOOP).AgentLoopWorker
+        verls = getattr(verls, "rr_verl_class", verls)  # a copy of an earlier install's
+        self.worker = compacting_worker(verls)
+        self.patches.set_copies(verls, self.worker, "AgentLoopWorker", within=_is_verl)
+        padding = importlib.import_module(PADDING)
+        theirs = padding.left_right_2_no_padding
+        ours = self.patches.wrap(padding, "left_right_2_no_padding", _expand_for_trainer)
+        # verl's PPO trainer copied it by name; a copy taken while an earlier install was in
+        # place holds that install's proxy, which passes through since: hooked again too
+        self.patches.set_copies(theirs, ours, "left_right_2_no_padding", within=_is_verl)
 
 
 ADAPTER = VerlRolloutAdapter()
