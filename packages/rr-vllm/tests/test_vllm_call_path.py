@@ -19,16 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rr_core import RouteMeta
 from rr_vllm import DecodeOptions, decode_vllm_batch, decode_vllm_output
+from vllm_testing import make_meta
 
-META = RouteMeta(
-    num_experts=8,
-    top_k=2,
-    layer_axis="all_layers",
-    layer_numbers=(1, 2, 3),
-    moe_layer_numbers=(2, 3),
-)
+META = make_meta(layers=3, dense=(1,))  # 8 experts, top-2
 #: Leaf readers: called from every decoder, they call no other rr_vllm module.
 LEAVES = {"rr_vllm.fields"}
 

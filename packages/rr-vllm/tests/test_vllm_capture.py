@@ -29,6 +29,7 @@ from rr_vllm import (
     vllm_sampling_fields,
 )
 from rr_vllm._supported import VLLM_FEATURES
+from vllm_testing import make_meta
 
 QWEN3_30B = ModelGeometry(num_hidden_layers=48, num_experts=128, top_k=8)
 HYBRID = ModelGeometry(num_hidden_layers=40, num_experts=256, top_k=8, hybrid_attention=True)
@@ -179,13 +180,7 @@ def test_geometry_from_hf_configs() -> None:
 
 
 def test_geometry_from_meta() -> None:
-    meta = RouteMeta(
-        num_experts=8,
-        top_k=2,
-        layer_axis="all_layers",
-        layer_numbers=(1, 2, 3),
-        moe_layer_numbers=(2, 3),
-    )
+    meta = make_meta(layers=3, dense=(1,))  # 8 experts, top-2
     assert ModelGeometry.from_meta(meta) == ModelGeometry(
         num_hidden_layers=3, num_experts=8, top_k=2
     )

@@ -158,22 +158,18 @@ def test_the_old_aliases_and_fact_names_warn_and_decode_alike() -> None:
         decode_sglang(_sglang(), META, sglang_version="0.5.23")
     body = sglang_openai_response([_sglang()])
     usage = body.pop("usage")
-    by_new = decode_sglang_openai(
-        body,
-        OPTIONS,
-        num_prompt_tokens=usage["prompt_tokens"],
-        num_generated_tokens=usage["completion_tokens"],
-    ).only()
+
+    def counted(names: tuple[str, str]) -> SampleRoutes | None:
+        """The answer decoded with usage's counts passed under ``names`` (P's, G's)."""
+        counts = (usage["prompt_tokens"], usage["completion_tokens"])
+        return decode_sglang_openai(body, OPTIONS, **dict(zip(names, counts, strict=True))).only()
+
+    by_new = counted(("num_prompt_tokens", "num_generated_tokens"))
     with (
         pytest.warns(DeprecationWarning, match=r"prompt_tokens=\) is deprecated"),
         pytest.warns(DeprecationWarning, match=r"completion_tokens=\) is deprecated"),
     ):
-        by_old = decode_sglang_openai(
-            body,
-            OPTIONS,
-            prompt_tokens=usage["prompt_tokens"],
-            completion_tokens=usage["completion_tokens"],
-        ).only()
+        by_old = counted(("prompt_tokens", "completion_tokens"))
     _same(by_new, by_old)
 
 

@@ -20,6 +20,7 @@ from rr_vllm import (
     DecodeOptions,
     EngineConfig,
     EngineOutputError,
+    SampleRoutes,
     Trajectory,
     decode_routes_array,
     decode_sglang,
@@ -157,19 +158,18 @@ def test_merge_split_routes_joins_prefill_prompt_rows_and_decode_rows(stale: boo
     assert batch.num_tokens == P + G
 
 
+def prefill_rows(rows: np.ndarray, p: int) -> SampleRoutes | None:
+    """A prefill replica's sample: P prompt tokens, the one token it generates, and its rows."""
+    options = DecodeOptions(meta=META)
+    return decode_routes_array(rows, options, num_prompt_tokens=p, num_generated_tokens=1).only()
+
+
 def test_merge_split_routes_checks_lengths_dtypes_and_coverage() -> None:
     prefill, decode, truth = _samples(stale=False)
-    other = decode_routes_array(
-        truth[: P - 1], DecodeOptions(meta=META), num_prompt_tokens=P - 1, num_generated_tokens=1
-    ).only()
+    other = prefill_rows(truth[: P - 1], P - 1)
     with pytest.raises(EngineOutputError, match="5 prompt tokens, the decode replica's 6"):
         merge_split_routes(other, decode)
-    narrow = decode_routes_array(
-        truth[:P].astype(np.uint8),
-        DecodeOptions(meta=META),
-        num_prompt_tokens=P,
-        num_generated_tokens=1,
-    ).only()
+    narrow = prefill_rows(truth[:P].astype(np.uint8), P)
     with pytest.raises(EngineOutputError, match="prefill ids are uint8, decode ids int64"):
         merge_split_routes(narrow, decode)
     wide = make_meta(dense=(1,), top_k=3)
@@ -209,12 +209,7 @@ def test_a_streamed_decode_replica_answer_merges() -> None:
         DecodeOptions(meta=META, prompt_start=P, engine_config=config),
     )
     assert decode.routes_TLK.dtype == np.uint8  # 0.32+ sends compact ids
-    prefill = decode_routes_array(
-        truth[:P].astype(np.uint8),
-        DecodeOptions(meta=META),
-        num_prompt_tokens=P,
-        num_generated_tokens=1,
-    ).only()
+    prefill = prefill_rows(truth[:P].astype(np.uint8), P)
     merged = merge_split_routes(prefill, decode)
     np.testing.assert_array_equal(merged.routes_TLK[: P + G - 1], truth)
     stale, _ = streamed_output(P, G, seed=4)  # the same answer, sent without prompt_start
