@@ -406,21 +406,10 @@ def test_sglang_streams_of_a_decode_replica_are_never_merged() -> None:
 
 def test_a_whole_batch_of_a_decode_replica_is_refused_unless_rows_start_at_the_prompt() -> None:
 
-    routes = distinct_routes(META, P + G - 1, seed=12)
     config = EngineConfig(engine="vllm", version="0.33.0", disaggregation="decode")
-
-    def request(start: int) -> Any:
-        return vllm_request_output(
-            "0.32+",
-            prompt_ids=range(P),
-            generated_ids=range(G),
-            routes_TLK=routes,
-            num_experts=8,
-            prompt_start=start,
-        )
-
+    whole, _ = streamed_output(P, G, seed=12)
     with pytest.raises(CaptureError, match="D8"):
-        decode_vllm_output([request(0)], DecodeOptions(meta=META, engine_config=config)).to_batch()
+        decode_vllm_output([whole], DecodeOptions(meta=META, engine_config=config)).to_batch()
     options = DecodeOptions(meta=META, engine_config=config, prompt_start=P)
-    batch = decode_vllm_output([request(P)], options).to_batch()
+    batch = decode_vllm_output([streamed_output(P, G, start=P, seed=12)[0]], options).to_batch()
     assert batch.valid_N.tolist() == [False] * P + [True] * (G - 1) + [False]
