@@ -58,25 +58,31 @@ def test_the_options_object_and_the_keywords_decode_alike() -> None:
     options = DecodeOptions(meta=META, prompt_start=START, engine_version="0.30.0")
     out = _request()
     (by_object,) = decode_vllm_output(out, options)
-    (by_keywords,) = decode_vllm_output(out, META, prompt_start=START)
+    with pytest.warns(DeprecationWarning, match=r"DecodeOptions\(meta=meta, prompt_start="):
+        (by_keywords,) = decode_vllm_output(out, META, prompt_start=START)
     _same(by_object, by_keywords)
     assert by_object is not None
     assert not by_object.valid_T[:START].any()
     http = vllm_http_response(out)
     _same(decode_vllm_http(http, options)[0], by_keywords)
-    _same(decode_vllm_http(http, META, prompt_start=START, vllm_version="0.30.0")[0], by_keywords)
-    batch = decode_vllm_batch([out], options)
+    with pytest.warns(DeprecationWarning, match=r"prompt_start=, engine_version="):
+        by_alias = decode_vllm_http(http, META, prompt_start=START, vllm_version="0.30.0")
+    _same(by_alias[0], by_keywords)
+    with pytest.warns(DeprecationWarning, match=r"decode_vllm_batch.*\.to_batch\(\)"):
+        batch = decode_vllm_batch([out], options)
     assert np.array_equal(batch.valid_N.numpy(), by_keywords.valid_T)
 
 
 def test_keywords_on_top_of_an_options_object_replace_its_fields() -> None:
     options = DecodeOptions(meta=META)
-    (sample,) = decode_vllm_output(_request(), options, prompt_start=START)
+    with pytest.warns(DeprecationWarning, match=r"DecodeOptions\(meta=meta, prompt_start="):
+        (sample,) = decode_vllm_output(_request(), options, prompt_start=START)
     assert sample is not None
     assert sample.prompt_start == START
     assert options.prompt_start == 0  # frozen: the call's options are a copy
     aborted = _request(finish_reason="abort")
-    assert decode_vllm_output(aborted, options, on_abort="drop") == [None]
+    with pytest.warns(DeprecationWarning, match=r"DecodeOptions\(meta=meta, on_abort="):
+        assert decode_vllm_output(aborted, options, on_abort="drop") == [None]
 
 
 def test_sglang_start_len_is_the_options_prompt_start() -> None:
@@ -84,13 +90,15 @@ def test_sglang_start_len_is_the_options_prompt_start() -> None:
     answer = sglang_response(
         prompt_ids=range(P), generated_ids=range(G), routes_TLK=routes, start_len=START
     )
-    by_alias = decode_sglang(answer, META, start_len=START)
+    with pytest.warns(DeprecationWarning, match=r"DecodeOptions\(meta=meta, prompt_start="):
+        by_alias = decode_sglang(answer, META, start_len=START)
     by_object = decode_sglang(answer, DecodeOptions(meta=META, prompt_start=START)).only()
     _same(by_alias, by_object)
     assert by_alias is not None
     assert by_alias.prompt_start == START
 
 
+@pytest.mark.filterwarnings("ignore:.*goes in the next release:DeprecationWarning")
 def test_a_keyword_the_decoder_does_not_read_is_refused() -> None:
     with pytest.raises(DecodeOptionsError, match=r"decode_vllm_output\(\) does not read start_len"):
         decode_vllm_output(_request(), META, start_len=START)
@@ -121,7 +129,10 @@ def test_trtllm_refuses_an_options_prompt_start() -> None:
 
 
 def test_a_batch_masks_aborted_requests_and_refuses_drop() -> None:
-    with pytest.raises(EngineOutputError, match="masks aborted requests"):
+    with (
+        pytest.warns(DeprecationWarning, match="decode_vllm_batch"),
+        pytest.raises(EngineOutputError, match="masks aborted requests"),
+    ):
         decode_vllm_batch([_request()], DecodeOptions(meta=META, on_abort="drop"))
 
 
@@ -152,7 +163,10 @@ def test_the_row_rule_is_rr_cores_in_every_decoder() -> None:
     g4 = distinct_routes(META, P + G - START, seed=2)
     with pytest.raises(AlignmentError, match="G4"):
         decode_routes_array(
-            g4, META, num_prompt_tokens=P, num_generated_tokens=G, prompt_start=START
+            g4,
+            DecodeOptions(meta=META, prompt_start=START),
+            num_prompt_tokens=P,
+            num_generated_tokens=G,
         )
 
 
@@ -166,7 +180,7 @@ def test_an_unfinished_output_is_named_unfinished(finish_reason: str | None) -> 
     )
     output = SimpleNamespace(request_id="r", prompt_token_ids=[1, 2, 3], outputs=[completion])
     with pytest.raises(EngineOutputError) as info:
-        decode_vllm_output(output, META)
+        list(decode_vllm_output(output, DecodeOptions(meta=META)))
     message = str(info.value)
     if finish_reason is None:
         assert "has not finished" in message

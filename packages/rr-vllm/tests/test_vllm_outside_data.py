@@ -2,10 +2,9 @@
 (JSON, engine objects, verl payloads; the wire strings are test_vllm_outside_bytes').
 
 For any mutation the result is either what the mutated input means or an rr error: never another
-exception, never different data. Byte mutations of a wire string can change the ids it carries,
-so there the meaning is numpy's own reading of the bytes; structural mutations (a key removed, a
-field of another type, a foreign object) never change what an answer means, so there the result
-is the valid input's routes or an rr error.
+exception, never different data. Structural mutations (a key removed, a field of another type, a
+foreign object) never change what an answer means, so the result is the valid input's routes or
+an rr error.
 
 Shapes: P prompt tokens, G generated tokens, N engine rows, L layer slots, K top-k.
 """
