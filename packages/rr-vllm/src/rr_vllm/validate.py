@@ -49,28 +49,25 @@ def check_logical(
 
 
 def batch_arrays(
-    routes: Sequence[np.ndarray],
-    valid: Sequence[np.ndarray],
-    meta: RouteMeta,
-    *,
-    allow_all_zero: bool = False,
-    allow_physical: bool = False,
-    logical_experts: int | None = None,
-    validate: bool = True,
+    routes: Sequence[np.ndarray], valid: Sequence[np.ndarray], options: DecodeOptions
 ) -> RouteBatch:
     """The samples' ``[T, L, K]`` routes and ``[T]`` validity (in order) as one all-layers
-    :class:`~rr_core.RouteBatch`: E2 here, rr_core's id checks unless ``validate=False``. The
-    one batch check every path ends in (:class:`~rr_vllm.DecodedRoutes`, :func:`validate_samples`).
-    ``meta`` is checked by the caller (:class:`~rr_vllm.DecodeOptions` checks its own)."""
-    for name, flag in (("allow_all_zero", allow_all_zero), ("allow_physical", allow_physical)):
-        check_flag(flag, name, EngineOutputError)
+    :class:`~rr_core.RouteBatch` under the options' batch checks: E2 here, rr_core's id checks
+    unless ``validate=False``. The one batch check every path ends in
+    (:class:`~rr_vllm.DecodedRoutes`, :func:`validate_samples`); the options checked their own
+    meta and flags."""
+    logical_experts = options.logical_experts
     if logical_experts is not None:
         logical_experts = integer(logical_experts, "logical_experts", minimum=1)
-        if not allow_physical:
+        if not options.allow_physical:
             for i, (r, v) in enumerate(zip(routes, valid, strict=True)):
-                check_logical(r, v, meta, logical_experts, where=f"sample {i}")
+                check_logical(r, v, options.meta, logical_experts, where=f"sample {i}")
     return RouteBatch.from_sequences(
-        list(routes), meta, valid=list(valid), validate=validate, allow_all_zero=allow_all_zero
+        list(routes),
+        options.meta,
+        valid=list(valid),
+        validate=options.validate,
+        allow_all_zero=options.allow_all_zero,
     )
 
 
@@ -91,15 +88,7 @@ def present(samples: Sequence[SampleRoutes | None]) -> list[SampleRoutes]:
 def batch_decoded(samples: Sequence[SampleRoutes | None], options: DecodeOptions) -> RouteBatch:
     """Decoded samples as one batch under the options' batch checks (``DecodedRoutes.to_batch``)."""
     kept = present(samples)
-    return batch_arrays(
-        [s.routes_TLK for s in kept],
-        [s.valid_T for s in kept],
-        options.meta,
-        allow_all_zero=options.allow_all_zero,
-        allow_physical=options.allow_physical,
-        logical_experts=options.logical_experts,
-        validate=options.validate,
-    )
+    return batch_arrays([s.routes_TLK for s in kept], [s.valid_T for s in kept], options)
 
 
 def validate_samples(
@@ -122,15 +111,18 @@ def validate_samples(
     """
     check_all_layers(meta)
     kept = present(check_samples(samples, "samples"))
-    return batch_arrays(
-        [s.routes_TLK for s in kept],
-        [s.valid_T for s in kept],
-        meta,
+    for name, flag in (("allow_all_zero", allow_all_zero), ("allow_physical", allow_physical)):
+        check_flag(flag, name, EngineOutputError)
+    if logical_experts is not None:
+        logical_experts = integer(logical_experts, "logical_experts", minimum=1)
+    checks = DecodeOptions(
+        meta=meta,
         allow_all_zero=allow_all_zero,
         allow_physical=allow_physical,
         logical_experts=logical_experts,
         validate=validate,
     )
+    return batch_arrays([s.routes_TLK for s in kept], [s.valid_T for s in kept], checks)
 
 
 #: The name :func:`validate_samples` had with ``validate=``.
