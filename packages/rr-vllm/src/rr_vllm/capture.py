@@ -94,10 +94,11 @@ def _layers_listed(config: Any, key: str, layers: int) -> set[int] | None:
     value = _optional(config, key)
     if value is None:
         return None
-    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+    zero_d = getattr(value, "ndim", None) == 0  # a 0-d array or tensor is Iterable, not iterable
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable) or zero_d:
         raise CaptureError(
             f"the model config's {key} must be a list of 0-based layer indices; got "
-            f"{type(value).__name__}"
+            f"{type(value).__name__}" + (" of no dimension" if zero_d else "")
         )
     what = f"the model config's {key}"
     return {integer(i, what, error=CaptureError, maximum=layers - 1) for i in value}
